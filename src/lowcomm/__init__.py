@@ -1,0 +1,1 @@
+"""lowcomm: communication-efficient low-rank distributed optimization (LoRDO, Dion, Orth-Dion)."""

@@ -1,0 +1,1 @@
+"""When and what workers exchange; framework-free, every collective through a Communicator."""
