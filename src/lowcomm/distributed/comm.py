@@ -49,12 +49,15 @@ class Communicator:
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.step = 0
         self.records: list[Record] = []
+        self._wire_by_step: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
     def _record(self, kind: str, collective: str, tensors: list[torch.Tensor]) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown communication kind {kind!r}: use one of {KINDS}")
         payload = sum(t.numel() * t.element_size() for t in tensors)
-        self.records.append(Record(self.step, kind, collective, payload, wire_bytes(collective, payload, self.world_size)))
+        record = Record(self.step, kind, collective, payload, wire_bytes(collective, payload, self.world_size))
+        self.records.append(record)
+        self._wire_by_step[record.step][kind] += record.wire
 
     def all_reduce(self, tensors: torch.Tensor | list[torch.Tensor], kind: str, op: str = "mean") -> None:
         """In place: each tensor <- sum or mean over workers; a list is sent as one flat buffer."""
@@ -111,9 +114,9 @@ class Communicator:
         return dict(totals)
 
     def wire_bytes_at(self, step: int) -> dict[str, float]:
-        """Bytes on the wire at one step, by kind."""
-        totals: dict[str, float] = defaultdict(float)
-        for r in self.records:
-            if r.step == step:
-                totals[r.kind] += r.wire
-        return dict(totals)
+        """Bytes on the wire at one step, by kind (constant time: kept as the collectives are recorded)."""
+        return dict(self._wire_by_step.get(step, {}))
+
+    def wire_bytes_by_step(self) -> dict[int, dict[str, float]]:
+        """Bytes on the wire at every step that communicated: {step: {kind: bytes}}."""
+        return {step: dict(kinds) for step, kinds in sorted(self._wire_by_step.items())}

@@ -1,0 +1,118 @@
+"""Run configuration: typed sections merged from YAML files and `key=value` overrides (OmegaConf).
+
+A config file may name a `method` preset (experiments/methods/<method>.yaml): the preset is merged first,
+then the file, then the command line. Unknown keys are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from .data import DataConfig
+
+METHODS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "methods"
+
+
+@dataclass
+class ModelSection:
+    size: str = "cpu"
+    # any ModelConfig field overrides the named size; None keeps the size's value
+    vocab_size: int | None = None
+    d_model: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    mlp: str | None = None
+    d_hidden: int | None = None
+    max_context: int | None = None
+    tied_embeddings: bool | None = None
+    rope_theta: float | None = None
+
+
+@dataclass
+class TrainSection:
+    steps: int = 600
+    warmup: int = 50
+    min_lr_ratio: float = 0.1  # cosine decays the lr to this fraction of its peak
+    clip: float = 1.0  # global L2-norm gradient clipping (0 disables)
+    val_every: int = 100
+    log_every: int = 10
+    devices: int = 4
+    num_nodes: int = 1
+    accelerator: str = "cpu"
+    precision: str = "32-true"
+    seed: int = 0
+    threads: int = 1  # torch threads per worker process on CPU
+    progress_bar: bool = True
+
+
+@dataclass
+class RunSection:
+    out_dir: str = "runs"
+    name: str | None = None  # default: <method>-<model size>-s<seed>-<timestamp>
+    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
+
+
+@dataclass
+class Config:
+    method: str | None = None
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: dict[str, Any] = field(default_factory=lambda: {"name": "adamw"})
+    sync: dict[str, Any] = field(default_factory=lambda: {"name": "ddp"})
+    train: TrainSection = field(default_factory=TrainSection)
+    run: RunSection = field(default_factory=RunSection)
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the key and the fix."""
+
+
+def _merge(base: DictConfig, update: DictConfig | dict, origin: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, update)
+    except ConfigKeyError as err:
+        valid = sorted(f.name for f in dataclasses.fields(err.object_type)) if dataclasses.is_dataclass(err.object_type) else []
+        raise ConfigError(f"{origin}: unknown key {err.full_key!r}; valid keys there: {valid}") from None
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{origin}: bad value for {err.full_key!r}: {err.msg.splitlines()[0]}") from None
+
+
+def method_preset(name: str) -> DictConfig:
+    path = METHODS_DIR / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in METHODS_DIR.glob("*.yaml"))
+        raise ConfigError(f"method={name!r} has no preset {path}: choose one of {known}")
+    return OmegaConf.load(path)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Schema <- method preset <- config file <- `key=value` overrides; returns a resolved, read-only config."""
+    cfg = OmegaConf.structured(Config)
+    layers = []
+    if path is not None:
+        if not Path(path).exists():
+            raise ConfigError(f"config file {path} does not exist")
+        layers.append((OmegaConf.load(path), str(path)))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+    layers.append((OmegaConf.from_dotlist(list(overrides)), "command line"))
+    method = next((layer.get("method") for layer, _ in reversed(layers) if layer.get("method")), None)
+    if method:
+        preset = method_preset(method)
+        cfg = _merge(cfg, preset, f"method preset {method}")
+    for layer, origin in layers:
+        for section in ("optim", "sync"):
+            # a section that names another optimizer / engine replaces the preset's section whole
+            if section in layer and "name" in layer[section] and layer[section]["name"] != cfg[section].get("name"):
+                cfg[section] = {}
+        cfg = _merge(cfg, layer, origin)
+    OmegaConf.resolve(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg

@@ -1,0 +1,146 @@
+"""Sync-method options: one dataclass of config keys, and a table saying what each method name runs.
+
+Every method is the same engine with different parts switched on (spec "Variants and baselines"):
+per-step gradient all-reduce, a global low-rank basis Q, the K-step pseudo-gradient sync
+Delta = mean_m(W_m - W_anchor), and averaging of optimizer moments every K_u / K_v steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class Method:
+    """The parts a method name runs.
+
+    per_step_gradients: gradients all-reduced every step (the low-rank matrices' as projections Q^T G
+        when `lowrank_gradient="projected"` on a method with a gradient basis).
+    k_step: the pseudo-gradient sync every K steps.
+    global_basis: where the shared Q comes from: "gradient" (all-reduced G, refreshed every T steps),
+        "pseudo_gradient" (Delta at each sync, all-reduced G of the first step before that: D1), or None.
+    optimizer_basis: the LowRankAdam `basis` option the method needs ("external": the engine installs Q;
+        "local": the optimizer computes its own), or None for any optimizer without an external basis.
+    outer: default outer step of the K-step sync.
+    state_scope: default parameters whose moments are averaged ("all" | "lowrank"); None: moments never averaged.
+    state_sync_default: whether moments are averaged by default (period K) or never (0).
+    """
+
+    per_step_gradients: bool = False
+    k_step: bool = False
+    global_basis: str | None = None
+    optimizer_basis: str | None = None
+    outer: str = "average"
+    state_scope: str | None = None
+    state_sync_default: bool = False
+
+
+METHODS: dict[str, Method] = {
+    "ddp": Method(per_step_gradients=True),
+    "lowrank_ddp": Method(per_step_gradients=True, global_basis="gradient", optimizer_basis="external"),
+    "local_adam": Method(k_step=True, state_scope="all", state_sync_default=True),
+    "diloco": Method(k_step=True, outer="nesterov", state_scope="all"),
+    "lordo": Method(k_step=True, global_basis="pseudo_gradient", optimizer_basis="external",
+                    state_scope="lowrank", state_sync_default=True),
+    "lordo_global_noqh": Method(k_step=True, global_basis="pseudo_gradient", optimizer_basis="external",
+                                state_scope="lowrank", state_sync_default=True),
+    "lordo_local": Method(k_step=True, optimizer_basis="local"),
+    "optimizer_sync": Method(),
+}
+
+OUTER_STEPS = ("average", "nesterov")
+STATE_SCOPES = ("all", "lowrank")
+LOWRANK_GRADIENTS = ("projected", "full")
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """Config keys of the `sync` section. None means "the method's default" (see METHODS); keys a method does
+    not use are accepted and ignored, so one base config can serve every method.
+
+    sync_every: K; the pseudo-gradient sync runs after the local step at t % K == 0, t counted from 1 (D12).
+    outer: "average" (W = W_anchor + Delta, D2) or "nesterov" (SGD with Nesterov momentum on -Delta, as DiLoCo).
+    outer_lr, outer_momentum: the Nesterov outer step's learning rate and momentum (unused by "average").
+    state_sync_u, state_sync_v: K_u, K_v; first / second moments averaged at t % K_u == 0 (0: never). Default K
+        for local_adam and the global LoRDO variants (D8), never for diloco; lordo_local keeps them local.
+    state_sync_scope: "all" parameters' moments, or only the low-rank matrices' u, v ("lowrank", LoRDO default).
+    basis_refresh_every: T of lowrank_ddp; Q is recomputed at steps t with (t - 1) % T == 0.
+    lowrank_gradient: what lowrank_ddp all-reduces every step: "projected" (Q^T G, D9) or "full" (G).
+    """
+
+    name: str
+    sync_every: int = 32
+    outer: str | None = None
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    state_sync_u: int | None = None
+    state_sync_v: int | None = None
+    state_sync_scope: str | None = None
+    basis_refresh_every: int = 200
+    lowrank_gradient: str = "projected"
+
+    @property
+    def method(self) -> Method:
+        return METHODS[self.name]
+
+    @property
+    def projected_gradients(self) -> bool:
+        """Whether the low-rank matrices' gradients travel as projections Q^T G every step."""
+        return self.method.global_basis == "gradient" and self.lowrank_gradient == "projected"
+
+    def is_sync_step(self, step: int) -> bool:
+        """Whether replicas hold identical weights after step `step`: every step for per-step methods, t % K == 0
+        for K-step methods."""
+        return not self.method.k_step or step % self.sync_every == 0
+
+
+def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"sync.{key}={value!r} is unknown: use one of {list(choices)}")
+
+
+def _check_int(key: str, value: Any, minimum: int, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"sync.{key}={value!r} is invalid: set an integer >= {minimum} ({meaning})")
+
+
+def sync_options(cfg: Mapping[str, Any]) -> SyncOptions:
+    """SyncOptions from the `sync` config section, with the method's defaults filled in; ValueError naming the
+    key on an unknown name or key or an out-of-range value."""
+    cfg = dict(cfg)
+    name = cfg.get("name")
+    if name not in METHODS:
+        raise ValueError(f"sync.name={name!r} is not a sync method: choose one of {sorted(METHODS)}")
+    fields = {f.name for f in dataclasses.fields(SyncOptions)}
+    unknown = sorted(set(cfg) - fields)
+    if unknown:
+        raise ValueError(f"unknown key(s) sync.{', sync.'.join(unknown)} for sync method {name!r}: "
+                         f"valid keys are {sorted(fields)}")
+    method = METHODS[name]
+    opts = SyncOptions(**cfg)
+    _check_int("sync_every", opts.sync_every, 1, "K, the number of local steps between syncs")
+    _check_int("basis_refresh_every", opts.basis_refresh_every, 1, "T, steps between basis refreshes")
+    state_default = opts.sync_every if method.state_sync_default else 0
+    opts = dataclasses.replace(
+        opts,
+        outer=method.outer if opts.outer is None else opts.outer,
+        state_sync_u=state_default if opts.state_sync_u is None else opts.state_sync_u,
+        state_sync_v=state_default if opts.state_sync_v is None else opts.state_sync_v,
+        state_sync_scope=method.state_scope if opts.state_sync_scope is None else opts.state_sync_scope,
+    )
+    _check_choice("outer", opts.outer, OUTER_STEPS)
+    _check_choice("lowrank_gradient", opts.lowrank_gradient, LOWRANK_GRADIENTS)
+    _check_int("state_sync_u", opts.state_sync_u, 0, "K_u, steps between first-moment averages; 0 = never")
+    _check_int("state_sync_v", opts.state_sync_v, 0, "K_v, steps between second-moment averages; 0 = never")
+    if not opts.outer_lr > 0:
+        raise ValueError(f"sync.outer_lr={opts.outer_lr!r} is invalid: set a positive outer learning rate")
+    if not 0 <= opts.outer_momentum < 1:
+        raise ValueError(f"sync.outer_momentum={opts.outer_momentum!r} is invalid: set a value in [0, 1)")
+    if method.k_step and (opts.state_sync_u or opts.state_sync_v):
+        if method.state_scope is None:
+            raise ValueError(f"sync.state_sync_u / state_sync_v must be 0 for {name!r}: its moments live in each "
+                             "worker's own basis, so averaging them is meaningless")
+        _check_choice("state_sync_scope", opts.state_sync_scope, STATE_SCOPES)
+    return opts

@@ -1,0 +1,1 @@
+"""Thin Lightning glue: the LightningModule and the training strategies that call the sync engines."""

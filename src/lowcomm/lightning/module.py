@@ -1,0 +1,174 @@
+"""LightningModule: the transformer, its optimizer from the registry, warmup + cosine schedule, validation."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from ..data import PackedSequences, StreamingPacked, load_tokenizer, offline_streams, shard_sampler, smollm_mixture
+from ..data import SMOLLM_TOKENIZER
+from ..model import Transformer, model_config
+from ..optim import build_optimizer
+from ..results import RunDirectory, environment
+
+
+def model_from_config(cfg: DictConfig) -> Transformer:
+    overrides = {k: v for k, v in OmegaConf.to_container(cfg.model).items() if k != "size"}
+    return Transformer(model_config(cfg.model.size, **overrides))
+
+
+def lr_lambda(warmup: int, steps: int, min_ratio: float):
+    """lr(t)/lr_peak: linear warmup over `warmup` steps, then cosine from 1 to `min_ratio` at `steps`."""
+
+    def factor(t: int) -> float:
+        if t < warmup:
+            return (t + 1) / warmup
+        progress = min(1.0, (t - warmup) / max(1, steps - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class LanguageModelTask(L.LightningModule):
+    """Next-token training of `Transformer`; validation loss / perplexity every `train.val_every` steps
+    (and before the first step), averaged over every worker's disjoint validation shard."""
+
+    def __init__(self, cfg: DictConfig, run_dir: str | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.run: RunDirectory | None = None  # rank 0 only, created in setup()
+        self.model = model_from_config(cfg)
+        self.val_history: list[tuple[int, float]] = []
+        self._last_time: float | None = None
+        self._last_step = 0
+
+    # ------------------------------------------------------------------ data
+    def _streams(self):
+        data = self.cfg.data
+        if data.corpus == "offline":
+            train, val, _ = offline_streams(data.vocab_size)
+            return PackedSequences(train, data.context), PackedSequences(val, data.context)
+        tok = load_tokenizer(data.tokenizer or SMOLLM_TOKENIZER)
+        rank, world = self.global_rank, self.trainer.world_size
+        train = StreamingPacked(smollm_mixture(data, rank, world), tok, data.context)
+        return train, None
+
+    def setup(self, stage: str) -> None:
+        self.train_set, self.val_set = self._streams()
+        if self.global_rank == 0 and self.run_dir is not None:
+            self.run = RunDirectory(self.run_dir)
+
+    def train_dataloader(self) -> DataLoader:
+        data, world = self.cfg.data, self.trainer.world_size
+        if isinstance(self.train_set, PackedSequences):
+            sampler = shard_sampler(self.train_set, self.global_rank, world, data.seed)
+            return DataLoader(self.train_set, batch_size=data.batch_size, sampler=sampler, drop_last=True)
+        return DataLoader(self.train_set, batch_size=data.batch_size)
+
+    def val_loader(self) -> DataLoader | None:
+        if self.val_set is None:
+            return None
+        sampler = shard_sampler(self.val_set, self.global_rank, self.trainer.world_size, seed=0, shuffle=False)
+        return DataLoader(self.val_set, batch_size=self.cfg.data.batch_size, sampler=sampler, drop_last=True)
+
+    # ------------------------------------------------------------------ optimization
+    def configure_optimizers(self):
+        optimizer = build_optimizer(OmegaConf.to_container(self.cfg.optim), self.model)
+        t = self.cfg.train
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup, t.steps, t.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = self.model.loss(x, y)
+        self.log("loss", loss, prog_bar=True, on_step=True, logger=False)
+        return loss
+
+    # ------------------------------------------------------------------ logging and validation
+    @torch.no_grad()
+    def validation_loss(self) -> float:
+        """Mean validation loss over `data.val_batches` batches per worker, averaged over workers."""
+        loader = self.val_loader()
+        if loader is None:
+            return float("nan")
+        was_training = self.model.training
+        self.model.eval()
+        total, count = torch.zeros((), device=self.device), 0
+        for i, (x, y) in enumerate(loader):
+            if i == self.cfg.data.val_batches:
+                break
+            total += self.model.loss(x.to(self.device), y.to(self.device))
+            count += 1
+        self.model.train(was_training)
+        mean = self.trainer.strategy.reduce(total / max(count, 1), reduce_op="mean")
+        return float(mean)
+
+    def _validate(self, step: int) -> dict:
+        val = self.validation_loss()
+        self.val_history.append((step, val))
+        self.log_dict({"val_loss": val, "val_ppl": math.exp(val)}, prog_bar=True, logger=False, rank_zero_only=True)
+        return {"val_loss": val, "val_ppl": math.exp(val)}
+
+    def on_train_start(self) -> None:
+        row = {"step": 0, **self._validate(0)}
+        if self.run is not None:
+            self.run.log(row)
+        self._last_time = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        step = self.global_step
+        t = self.cfg.train
+        row = {}
+        if step % t.log_every == 0 or step == t.steps:
+            now = time.perf_counter()
+            tokens = (step - self._last_step) * self.cfg.data.batch_size * self.cfg.data.context * self.trainer.world_size
+            tps = tokens / max(now - self._last_time, 1e-9)
+            self._last_time, self._last_step = now, step
+            self.log("tok/s", tps, prog_bar=True, logger=False, rank_zero_only=True)
+            row.update(loss=float(outputs["loss"]), lr=self.lr_schedulers().get_last_lr()[0], tokens_per_s=tps)
+            row.update(self.step_metrics())
+        if step % t.val_every == 0 or step == t.steps:
+            row.update(self._validate(step))
+        if row and self.run is not None:
+            self.run.log({"step": step, **row})
+
+    def on_fit_end(self) -> None:
+        """Rank 0 writes the final record and the model weights; all ranks compare weight digests."""
+        identical = self.replicas_identical()
+        if self.run is None:
+            return
+        steps, final = self.val_history[-1]
+        torch.save({"model": self.model.state_dict(), "model_config": self.model.cfg}, self.run.path / "model.pt")
+        self.run.write_record({
+            **environment(self.cfg.train.accelerator),
+            "world_size": self.trainer.world_size,
+            "steps": steps,
+            "initial_val_loss": self.val_history[0][1],
+            "initial_val_ppl": math.exp(self.val_history[0][1]),
+            "final_val_loss": final,
+            "final_val_ppl": math.exp(final),
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "replicas_identical": identical,
+            **self.step_metrics(),
+        })
+
+    def replicas_identical(self) -> bool:
+        """True when every worker holds bit-identical weights (SHA-256 of the raw bytes, gathered)."""
+        digest = hashlib.sha256()
+        for p in self.model.parameters():
+            digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        local = torch.frombuffer(bytearray(digest.digest()[:8]), dtype=torch.int64).to(self.device)
+        gathered = self.trainer.strategy.all_gather(local)
+        return bool((gathered == gathered.reshape(-1)[0]).all())
+
+    def step_metrics(self) -> dict:
+        """Extra per-step metrics (communication, optimizer state) supplied by the training strategy."""
+        metrics = getattr(self.trainer.strategy, "metrics", None)
+        return metrics() if callable(metrics) else {}

