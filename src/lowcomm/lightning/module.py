@@ -120,7 +120,7 @@ class LanguageModelTask(L.LightningModule):
         row = {"step": 0, **self._validate(0)}
         if self.run is not None:
             self.run.log(row)
-        self._last_time = time.perf_counter()
+        self._last_time = self._train_start = time.perf_counter()
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         step = self.global_step
@@ -145,6 +145,7 @@ class LanguageModelTask(L.LightningModule):
         if self.run is None:
             return
         steps, final = self.val_history[-1]
+        tokens = steps * self.cfg.data.batch_size * self.cfg.data.context * self.trainer.world_size
         torch.save({"model": self.model.state_dict(), "model_config": self.model.cfg}, self.run.path / "model.pt")
         self.run.write_record({
             **environment(self.cfg.train.accelerator),
@@ -155,6 +156,8 @@ class LanguageModelTask(L.LightningModule):
             "final_val_loss": final,
             "final_val_ppl": math.exp(final),
             "parameters": sum(p.numel() for p in self.model.parameters()),
+            "tokens": tokens,
+            "tokens_per_s": tokens / (time.perf_counter() - self._train_start),
             "replicas_identical": identical,
             **self.step_metrics(),
         })
