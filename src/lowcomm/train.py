@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from .config import ConfigError, load_config
 from .data import DataUnavailable, offline_streams, require_package
 from .model import model_config
+from .distributed.options import sync_options
 from .optim import optimizer_options
 
 
@@ -25,6 +25,7 @@ def validate(cfg: DictConfig) -> None:
     try:
         mcfg = model_config(cfg.model.size, **overrides)
         optimizer_options(OmegaConf.to_container(cfg.optim))
+        sync = sync_options(OmegaConf.to_container(cfg.sync))
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if cfg.data.context > mcfg.max_context:
@@ -44,6 +45,11 @@ def validate(cfg: DictConfig) -> None:
     for key in ("steps", "devices", "num_nodes", "val_every", "log_every", "threads"):
         if t[key] < 1:
             raise ConfigError(f"train.{key}={t[key]} must be >= 1")
+    if sync.method.k_step and (t.steps % sync.sync_every or t.val_every % sync.sync_every):
+        raise ConfigError(
+            f"sync.sync_every={sync.sync_every} must divide train.steps={t.steps} and train.val_every={t.val_every} "
+            "so that validation and the final weights fall on sync points: adjust one of them"
+        )
     if t.accelerator not in ("cpu", "gpu", "cuda", "auto"):
         raise ConfigError(f"train.accelerator={t.accelerator!r}: use cpu, gpu or auto")
 
@@ -56,11 +62,13 @@ def run_name(cfg: DictConfig) -> str:
 
 
 def build_strategy(cfg: DictConfig):
-    from lightning.pytorch.strategies import DDPStrategy
+    """The SyncStrategy over gloo (CPU, spawned workers) or NCCL (GPU, or processes started by torchrun / SLURM)."""
+    from .lightning.strategy import SyncStrategy
 
     cpu = cfg.train.accelerator == "cpu"
-    launched = "LOCAL_RANK" in os.environ  # torchrun / SLURM started the processes
-    return DDPStrategy(
+    launched = "LOCAL_RANK" in os.environ
+    return SyncStrategy(
+        cfg.sync, cfg.train.clip,
         process_group_backend="gloo" if cpu else "nccl",
         start_method="spawn" if cpu and not launched else "popen",
     )
@@ -80,8 +88,6 @@ def train(cfg: DictConfig) -> Path:
     run_dir = Path(cfg.run.out_dir) / run_name(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         RunDirectory(run_dir).create(cfg)
-    for noise in (".*LeafSpec.*", ".*sync_dist=True.*", ".*all_gather is deprecated.*"):
-        warnings.filterwarnings("ignore", noise)
     torch.set_num_threads(cfg.train.threads)
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
     task = LanguageModelTask(cfg, str(run_dir))
@@ -93,7 +99,6 @@ def train(cfg: DictConfig) -> Path:
         strategy=build_strategy(cfg),
         precision=t.precision,
         max_steps=t.steps,
-        gradient_clip_val=t.clip or None,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=t.progress_bar,
