@@ -1,6 +1,6 @@
 """`python -m lowcomm.train <config.yaml> key=value ...`: one training run -> one run directory.
 
-The config is validated (keys, model, optimizer options, data) before any process starts.
+The config is validated (keys, model, optimizer and its fit to the sync method, data) before any process starts.
 """
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, load_config
 from .data import DataUnavailable, offline_streams, require_package
-from .model import model_config
 from .distributed.options import sync_options
-from .optim import optimizer_options
+from .distributed.sync import check_optimizer
+from .model import Transformer, model_config
+from .optim import build_optimizer
 
 
 def validate(cfg: DictConfig) -> None:
@@ -24,8 +26,10 @@ def validate(cfg: DictConfig) -> None:
     overrides = {k: v for k, v in OmegaConf.to_container(cfg.model).items() if k != "size"}
     try:
         mcfg = model_config(cfg.model.size, **overrides)
-        optimizer_options(OmegaConf.to_container(cfg.optim))
         sync = sync_options(OmegaConf.to_container(cfg.sync))
+        with torch.device("meta"):  # the optimizer is built on a weightless model: ranks, groups, method fit
+            optimizer = build_optimizer(OmegaConf.to_container(cfg.optim), Transformer(mcfg))
+        check_optimizer(sync, optimizer)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if cfg.data.context > mcfg.max_context:
@@ -78,7 +82,6 @@ def train(cfg: DictConfig) -> Path:
     """Validate, prepare data, train with Lightning over train.devices x train.num_nodes workers; return the run dir."""
     validate(cfg)
     import lightning as L
-    import torch
 
     from .lightning.module import LanguageModelTask
     from .results import RunDirectory

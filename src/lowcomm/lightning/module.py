@@ -160,6 +160,7 @@ class LanguageModelTask(L.LightningModule):
             "tokens_per_s": tokens / (time.perf_counter() - self._train_start),
             "replicas_identical": identical,
             **self.step_metrics(),
+            **self.trainer.strategy.bytes_per_step(),
         })
 
     def replicas_identical(self) -> bool:

@@ -50,4 +50,23 @@ class SyncStrategy(DDPStrategy):
         return loss
 
     def metrics(self) -> dict[str, float]:
-        return self.engine.metrics() if self.engine is not None else {}
+        """The engine's metrics, plus nu_t and the active rank where the optimizer reports them (Dion family)."""
+        if self.engine is None:
+            return {}
+        out = self.engine.metrics()
+        stats = getattr(self.engine.optimizer, "spectral_stats", None)
+        if callable(stats):
+            out.update({f"spectral/{k}": float(v) for k, v in stats().items()})
+        return out
+
+    def bytes_per_step(self) -> dict[str, float]:
+        """Bytes on the wire per worker per training step by kind (and total), averaged over steps 1..t;
+        the start-up broadcast of step 0 is reported apart as `setup_bytes`."""
+        comm, steps = self.engine.comm, max(self.engine.step, 1)
+        totals: dict[str, float] = {}
+        for r in comm.records:
+            key = "setup_bytes" if r.step == 0 else f"bytes_per_step/{r.kind}"
+            totals[key] = totals.get(key, 0.0) + r.wire
+        out = {k: (v if k == "setup_bytes" else v / steps) for k, v in totals.items()}
+        out["bytes_per_step/total"] = sum(v for k, v in out.items() if k.startswith("bytes_per_step/"))
+        return out
