@@ -5,7 +5,7 @@ import torch
 
 from lowcomm import data
 from lowcomm.data import (DataConfig, DataUnavailable, PackedSequences, StreamingPacked, offline_split,
-                          shard_sampler, smollm_mixture, train_bpe)
+                          ShardSampler, smollm_mixture, train_bpe)
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +44,21 @@ def test_packed_windows_are_shifted_by_one():
 
 
 def test_worker_shards_are_disjoint_cover_and_repeat_for_a_seed():
-    ds = PackedSequences(torch.arange(10_000), 8)
-    world = 4
-    shards = [list(shard_sampler(ds, r, world, seed=3)) for r in range(world)]
+    n, world = 1250, 4
+    shards = [list(ShardSampler(n, r, world, seed=3, epochs=1)) for r in range(world)]
     flat = [i for s in shards for i in s]
     assert len(flat) == len(set(flat))  # disjoint
-    assert len(ds) - len(flat) < world  # cover all but the < world leftover windows
-    assert shards == [list(shard_sampler(ds, r, world, seed=3)) for r in range(world)]
-    assert shards[0] != list(shard_sampler(ds, 0, world, seed=4))
+    assert n - len(flat) < world  # cover all but the < world leftover windows
+    assert shards == [list(ShardSampler(n, r, world, seed=3, epochs=1)) for r in range(world)]
+    assert shards[0] != list(ShardSampler(n, 0, world, seed=4, epochs=1))
+
+
+def test_sampler_resumes_at_any_position_across_epochs():
+    full = list(ShardSampler(50, 1, 4, seed=0, epochs=3))
+    assert list(ShardSampler(50, 1, 4, seed=0, epochs=3, start=17)) == full[17:]
+    endless = iter(ShardSampler(50, 1, 4, seed=0, start=17))
+    assert [next(endless) for _ in range(len(full) - 17)] == full[17:]
+    assert full[:12] != full[12:24]  # each epoch is a new permutation
 
 
 def test_missing_corpus_package_names_the_install(monkeypatch):

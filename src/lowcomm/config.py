@@ -55,7 +55,8 @@ class TrainSection:
 class RunSection:
     out_dir: str = "runs"
     name: str | None = None  # default: <method>-<model size>-s<seed>-<timestamp>
-    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
+    checkpoint_every: int = 0  # steps between per-rank checkpoints, taken at sync points (0: none)
+    resume_from: str | None = None  # a checkpoint path (checkpoints/stepNNNNNN.ckpt) to continue from
 
 
 @dataclass

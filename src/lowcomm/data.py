@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler, IterableDataset
+from torch.utils.data import Dataset, IterableDataset, Sampler
 
 EOS = "<|endoftext|>"
 VAL_EVERY = 20  # passage i is a validation passage when i % VAL_EVERY == VAL_EVERY - 1 (5 %)
@@ -184,10 +184,35 @@ class PackedSequences(Dataset):
         return window[:-1], window[1:]
 
 
-def shard_sampler(dataset: Dataset, rank: int, world_size: int, seed: int, shuffle: bool = True) -> DistributedSampler:
-    """Worker `rank` of `world_size` reads a disjoint shard: a seeded permutation of all windows, every
-    world_size-th entry from offset rank (the < world_size leftover windows of an epoch are dropped)."""
-    return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
+class ShardSampler(Sampler[int]):
+    """The windows worker `rank` of `world_size` reads, in order: epoch e is a permutation of all n windows seeded
+    by seed + e (identity without shuffle), of which the worker takes every world_size-th entry from offset `rank`
+    (the n mod world_size leftovers are dropped). Shards are disjoint; the same arguments give the same order.
+    `epochs=None` repeats forever; `start` skips that many of the worker's indices (resuming at a step)."""
+
+    def __init__(self, n: int, rank: int, world_size: int, seed: int, shuffle: bool = True,
+                 start: int = 0, epochs: int | None = None):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        self.n, self.rank, self.world_size, self.seed = n, rank, world_size, seed
+        self.shuffle, self.start, self.epochs = shuffle, start, epochs
+        self.per_epoch = n // world_size
+
+    def epoch_indices(self, epoch: int) -> torch.Tensor:
+        order = (torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+                 if self.shuffle else torch.arange(self.n))
+        return order[: self.per_epoch * self.world_size][self.rank:: self.world_size]
+
+    def __iter__(self):
+        epoch, skip = divmod(self.start, self.per_epoch)
+        while self.epochs is None or epoch < self.epochs:
+            yield from self.epoch_indices(epoch)[skip:].tolist()
+            epoch, skip = epoch + 1, 0
+
+    def __len__(self) -> int:
+        if self.epochs is None:
+            raise TypeError("an endless ShardSampler has no length")
+        return self.per_epoch * self.epochs - self.start
 
 
 # ---------------------------------------------------------------- SmolLM corpus (hub, streaming)

@@ -49,11 +49,15 @@ def validate(cfg: DictConfig) -> None:
     for key in ("steps", "devices", "num_nodes", "val_every", "log_every", "threads"):
         if t[key] < 1:
             raise ConfigError(f"train.{key}={t[key]} must be >= 1")
-    if sync.method.k_step and (t.steps % sync.sync_every or t.val_every % sync.sync_every):
+    every = cfg.run.checkpoint_every
+    if sync.method.k_step and any(n % sync.sync_every for n in (t.steps, t.val_every, every)):
         raise ConfigError(
-            f"sync.sync_every={sync.sync_every} must divide train.steps={t.steps} and train.val_every={t.val_every} "
-            "so that validation and the final weights fall on sync points: adjust one of them"
+            f"sync.sync_every={sync.sync_every} must divide train.steps={t.steps}, train.val_every={t.val_every} and "
+            f"run.checkpoint_every={every}, so that validation, checkpoints and the final weights fall on sync points"
         )
+    if cfg.run.resume_from and not Path(cfg.run.resume_from).with_suffix(".rank0.ckpt").exists():
+        raise ConfigError(f"run.resume_from={cfg.run.resume_from}: no file {Path(cfg.run.resume_from).with_suffix('.rank0.ckpt')}; "
+                          "give the path as .../checkpoints/stepNNNNNN.ckpt")
     if t.accelerator not in ("cpu", "gpu", "cuda", "auto"):
         raise ConfigError(f"train.accelerator={t.accelerator!r}: use cpu, gpu or auto")
 
@@ -110,7 +114,7 @@ def train(cfg: DictConfig) -> Path:
         use_distributed_sampler=False,
         log_every_n_steps=t.log_every,
     )
-    trainer.fit(task)
+    trainer.fit(task, ckpt_path=cfg.run.resume_from)
     return run_dir
 
 

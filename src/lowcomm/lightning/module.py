@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from ..data import PackedSequences, StreamingPacked, load_tokenizer, offline_streams, shard_sampler, smollm_mixture
+from ..data import PackedSequences, ShardSampler, StreamingPacked, load_tokenizer, offline_streams, smollm_mixture
 from ..data import SMOLLM_TOKENIZER
 from ..model import Transformer, model_config
 from ..optim import build_optimizer
@@ -68,14 +69,17 @@ class LanguageModelTask(L.LightningModule):
     def train_dataloader(self) -> DataLoader:
         data, world = self.cfg.data, self.trainer.world_size
         if isinstance(self.train_set, PackedSequences):
-            sampler = shard_sampler(self.train_set, self.global_rank, world, data.seed)
+            # batch t of this worker is fixed by (seed, rank, world, t): a resumed run reads what the original would
+            sampler = ShardSampler(len(self.train_set), self.global_rank, world, data.seed,
+                                   start=self.global_step * data.batch_size)
             return DataLoader(self.train_set, batch_size=data.batch_size, sampler=sampler, drop_last=True)
         return DataLoader(self.train_set, batch_size=data.batch_size)
 
     def val_loader(self) -> DataLoader | None:
         if self.val_set is None:
             return None
-        sampler = shard_sampler(self.val_set, self.global_rank, self.trainer.world_size, seed=0, shuffle=False)
+        sampler = ShardSampler(len(self.val_set), self.global_rank, self.trainer.world_size, seed=0, shuffle=False,
+                               epochs=1)
         return DataLoader(self.val_set, batch_size=self.cfg.data.batch_size, sampler=sampler, drop_last=True)
 
     # ------------------------------------------------------------------ optimization
@@ -117,10 +121,24 @@ class LanguageModelTask(L.LightningModule):
         return {"val_loss": val, "val_ppl": math.exp(val)}
 
     def on_train_start(self) -> None:
-        row = {"step": 0, **self._validate(0)}
-        if self.run is not None:
-            self.run.log(row)
+        if not self.val_history:  # a resumed run already has its history
+            row = {"step": 0, **self._validate(0)}
+            if self.run is not None:
+                self.run.log(row)
         self._last_time = self._train_start = time.perf_counter()
+        self._last_step = self._first_step = self.global_step
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["val_history"] = self.val_history
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.val_history = list(checkpoint["val_history"])
+
+    def save_checkpoint_if_due(self, step: int) -> None:
+        """Every run.checkpoint_every steps, at a sync point, each rank writes checkpoints/step<t>.rank<r>.ckpt."""
+        every = self.cfg.run.checkpoint_every
+        if every and step % every == 0 and self.trainer.strategy.engine.is_sync_step(step):
+            self.trainer.save_checkpoint(Path(self.run_dir) / "checkpoints" / f"step{step:06d}.ckpt")
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         step = self.global_step
@@ -138,6 +156,7 @@ class LanguageModelTask(L.LightningModule):
             row.update(self._validate(step))
         if row and self.run is not None:
             self.run.log({"step": step, **row})
+        self.save_checkpoint_if_due(step)
 
     def on_fit_end(self) -> None:
         """Rank 0 writes the final record and the model weights; all ranks compare weight digests."""
@@ -145,7 +164,7 @@ class LanguageModelTask(L.LightningModule):
         if self.run is None:
             return
         steps, final = self.val_history[-1]
-        tokens = steps * self.cfg.data.batch_size * self.cfg.data.context * self.trainer.world_size
+        tokens = (steps - self._first_step) * self.cfg.data.batch_size * self.cfg.data.context * self.trainer.world_size
         torch.save({"model": self.model.state_dict(), "model_config": self.model.cfg}, self.run.path / "model.pt")
         self.run.write_record({
             **environment(self.cfg.train.accelerator),

@@ -7,6 +7,7 @@ with the sync engine of `cfg.sync` (lowcomm.distributed.sync) and every collecti
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -32,12 +33,32 @@ class SyncStrategy(DDPStrategy):
     def _register_ddp_hooks(self) -> None:
         pass
 
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # the engine must exist before its state is restored
+
     def setup(self, trainer) -> None:
         super().setup(trainer)
         module = self.lightning_module
         (optimizer,) = [opt.optimizer if hasattr(opt, "optimizer") else opt for opt in self.optimizers]
         self.engine = build_sync_engine(self.sync_cfg, module.model, optimizer, Communicator())
         self.engine.setup()
+        self.first_step = 0
+
+    def rank_path(self, filepath) -> Path:
+        """Checkpoints are per rank (workers differ between syncs in their local state, e.g. error feedback)."""
+        path = Path(filepath)
+        return path.with_name(f"{path.stem}.rank{self.global_rank}{path.suffix}")
+
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        checkpoint["sync_engine"] = self.engine.state_dict()
+        self.checkpoint_io.save_checkpoint(checkpoint, self.rank_path(filepath), storage_options=storage_options)
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        checkpoint = self.checkpoint_io.load_checkpoint(self.rank_path(checkpoint_path), weights_only=False)
+        self.engine.load_state_dict(checkpoint["sync_engine"])
+        self.first_step = self.engine.step
+        return checkpoint
 
     def optimizer_step(self, optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
         loss = closure()
@@ -62,10 +83,10 @@ class SyncStrategy(DDPStrategy):
     def bytes_per_step(self) -> dict[str, float]:
         """Bytes on the wire per worker per training step by kind (and total), averaged over steps 1..t;
         the start-up broadcast of step 0 is reported apart as `setup_bytes`."""
-        comm, steps = self.engine.comm, max(self.engine.step, 1)
+        comm, steps = self.engine.comm, max(self.engine.step - self.first_step, 1)
         totals: dict[str, float] = {}
         for r in comm.records:
-            key = "setup_bytes" if r.step == 0 else f"bytes_per_step/{r.kind}"
+            key = "setup_bytes" if r.step <= self.first_step else f"bytes_per_step/{r.kind}"
             totals[key] = totals.get(key, 0.0) + r.wire
         out = {k: (v if k == "setup_bytes" else v / steps) for k, v in totals.items()}
         out["bytes_per_step/total"] = sum(v for k, v in out.items() if k.startswith("bytes_per_step/"))
