@@ -3,7 +3,7 @@ STAMP   := .venv/.installed
 export HF_HOME := $(CURDIR)/.cache/hf
 export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 
-.PHONY: install test train clean
+.PHONY: install test train bench accounting lordo_methods dion_methods clean
 
 install: $(STAMP)
 
@@ -21,6 +21,20 @@ test: install
 
 train: install
 	$(PY) -m lowcomm.train experiments/train/config.yaml
+
+# Benchmarks: step time and optimizer-state memory (results/bench/*.json).
+bench: install
+	$(PY) benchmarks/bench_lowrank_adam.py
+	$(PY) benchmarks/bench_dion.py
+
+# Analytic bytes on the wire per worker per step at the paper sizes.
+accounting: install
+	$(PY) -m lowcomm.distributed.accounting
+
+# Experiments: results/<name>/<preset>/ (PRESET=cpu by default; PRESET=smoke for a quick check).
+PRESET ?= cpu
+lordo_methods dion_methods: install
+	$(PY) -m lowcomm.experiment experiments/$@/config.yaml $(PRESET)
 
 clean:
 	rm -rf .venv .cache runs

@@ -50,6 +50,7 @@ class Communicator:
         self.step = 0
         self.records: list[Record] = []
         self._wire_by_step: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self._wire_by_kind: dict[str, float] = defaultdict(float)
 
     def _record(self, kind: str, collective: str, tensors: list[torch.Tensor]) -> None:
         if kind not in KINDS:
@@ -58,6 +59,7 @@ class Communicator:
         record = Record(self.step, kind, collective, payload, wire_bytes(collective, payload, self.world_size))
         self.records.append(record)
         self._wire_by_step[record.step][kind] += record.wire
+        self._wire_by_kind[kind] += record.wire
 
     def all_reduce(self, tensors: torch.Tensor | list[torch.Tensor], kind: str, op: str = "mean") -> None:
         """In place: each tensor <- sum or mean over workers; a list is sent as one flat buffer."""
@@ -102,10 +104,7 @@ class Communicator:
 
     def wire_bytes_by_kind(self) -> dict[str, float]:
         """Total bytes this worker put on the wire, by kind."""
-        totals: dict[str, float] = defaultdict(float)
-        for r in self.records:
-            totals[r.kind] += r.wire
-        return dict(totals)
+        return dict(self._wire_by_kind)
 
     def payload_bytes_by_kind(self) -> dict[str, int]:
         totals: dict[str, int] = defaultdict(int)

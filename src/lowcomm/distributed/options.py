@@ -24,7 +24,7 @@ class Method:
     optimizer_basis: the LowRankAdam `basis` option the method needs ("external": the engine installs Q;
         "local": the optimizer computes its own), or None for any optimizer without an external basis.
     outer: default outer step of the K-step sync.
-    state_scope: default parameters whose moments are averaged ("all" | "lowrank"); None: moments never averaged.
+    state_scope: default parameters whose moments are averaged ("all" | "lowrank").
     state_sync_default: whether moments are averaged by default (period K) or never (0).
     """
 
@@ -33,20 +33,20 @@ class Method:
     global_basis: str | None = None
     optimizer_basis: str | None = None
     outer: str = "average"
-    state_scope: str | None = None
+    state_scope: str = "all"
     state_sync_default: bool = False
 
 
 METHODS: dict[str, Method] = {
     "ddp": Method(per_step_gradients=True),
     "lowrank_ddp": Method(per_step_gradients=True, global_basis="gradient", optimizer_basis="external"),
-    "local_adam": Method(k_step=True, state_scope="all", state_sync_default=True),
-    "diloco": Method(k_step=True, outer="nesterov", state_scope="all"),
+    "local_adam": Method(k_step=True, state_sync_default=True),
+    "diloco": Method(k_step=True, outer="nesterov"),
     "lordo": Method(k_step=True, global_basis="pseudo_gradient", optimizer_basis="external",
                     state_scope="lowrank", state_sync_default=True),
     "lordo_global_noqh": Method(k_step=True, global_basis="pseudo_gradient", optimizer_basis="external",
                                 state_scope="lowrank", state_sync_default=True),
-    "lordo_local": Method(k_step=True, optimizer_basis="local"),
+    "lordo_local": Method(k_step=True, optimizer_basis="local", state_scope="lowrank"),
     "optimizer_sync": Method(),
 }
 
@@ -64,7 +64,8 @@ class SyncOptions:
     outer: "average" (W = W_anchor + Delta, D2) or "nesterov" (SGD with Nesterov momentum on -Delta, as DiLoCo).
     outer_lr, outer_momentum: the Nesterov outer step's learning rate and momentum (unused by "average").
     state_sync_u, state_sync_v: K_u, K_v; first / second moments averaged at t % K_u == 0 (0: never). Default K
-        for local_adam and the global LoRDO variants (D8), never for diloco; lordo_local keeps them local.
+        for local_adam and the global LoRDO variants (D8), never for diloco and lordo_local (whose moments live in
+        each worker's own basis).
     state_sync_scope: "all" parameters' moments, or only the low-rank matrices' u, v ("lowrank", LoRDO default).
     basis_refresh_every: T of lowrank_ddp; Q is recomputed at steps t with (t - 1) % T == 0.
     lowrank_gradient: what lowrank_ddp all-reduces every step: "projected" (Q^T G, D9) or "full" (G).
@@ -138,9 +139,5 @@ def sync_options(cfg: Mapping[str, Any]) -> SyncOptions:
         raise ValueError(f"sync.outer_lr={opts.outer_lr!r} is invalid: set a positive outer learning rate")
     if not 0 <= opts.outer_momentum < 1:
         raise ValueError(f"sync.outer_momentum={opts.outer_momentum!r} is invalid: set a value in [0, 1)")
-    if method.k_step and (opts.state_sync_u or opts.state_sync_v):
-        if method.state_scope is None:
-            raise ValueError(f"sync.state_sync_u / state_sync_v must be 0 for {name!r}: its moments live in each "
-                             "worker's own basis, so averaging them is meaningless")
-        _check_choice("state_sync_scope", opts.state_sync_scope, STATE_SCOPES)
+    _check_choice("state_sync_scope", opts.state_sync_scope, STATE_SCOPES)
     return opts

@@ -24,4 +24,4 @@ def build_adamw(opts: AdamWOptions, model) -> torch.optim.Optimizer:
     for g in groups:
         g.pop("names")
         g.pop("algorithm")
-    return torch.optim.AdamW(groups, lr=opts.lr, betas=opts.betas, eps=opts.eps)
+    return torch.optim.AdamW(groups, lr=opts.lr, betas=opts.betas, eps=opts.eps, foreach=True)

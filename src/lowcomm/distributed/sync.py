@@ -1,0 +1,332 @@
+"""Sync engines: when and what data-parallel workers exchange. Framework-free; every byte through a Communicator.
+
+One engine, parts switched on by the method (options.METHODS):
+  per-step      G <- mean_m G_m (ddp; lowrank_ddp sends Q^T G for the low-rank matrices, D9)
+  global basis  Q = top-r singular vectors of an all-reduced G (lowrank_ddp, every T steps; LoRDO's first step, D1)
+                or of Delta (LoRDO, every sync), installed in the optimizer with the moments rotated (D4)
+  K-step        Delta = mean_m(W_m - W_anchor); W = W_anchor + Delta (or a Nesterov outer step); W_anchor = W
+  moments       u <- mean_m u_m every K_u steps, v <- mean_m v_m every K_v steps (D8)
+The caller's loop, with t counted from 1:
+    engine.setup()
+    for t in 1, 2, ...:
+        backward; engine.before_optimizer_step(t); clip; optimizer.step(); engine.after_optimizer_step(t)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..optim.projection import principal_angles
+from .comm import KINDS, Communicator
+from .options import SyncOptions, sync_options
+
+
+def lowrank_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """The optimizer's parameter groups with `algorithm="lowrank"` (none for a full-rank optimizer)."""
+    return [g for g in optimizer.param_groups if g.get("algorithm") == "lowrank"]
+
+
+class GradientAllReduce:
+    """G <- mean_m G_m for `params` (kind "gradient"); a parameter without a gradient contributes zeros."""
+
+    def __init__(self, params: list[nn.Parameter], comm: Communicator):
+        self.params = params
+        self.comm = comm
+
+    def __call__(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.comm.all_reduce([p.grad for p in self.params], "gradient")
+
+
+class PseudoGradientSync:
+    """The K-step sync. Delta = mean_m(W_m - W_anchor) (kind "pseudo_gradient"), then the outer step and W_anchor = W:
+    average (D2): W = W_anchor + Delta;
+    nesterov (DiLoCo): SGD with Nesterov momentum on the outer gradient -Delta: b = mu b - Delta,
+        W = W_anchor + lr (Delta - mu b)."""
+
+    def __init__(self, named_params: list[tuple[str, nn.Parameter]], comm: Communicator, outer: str,
+                 lr: float, momentum: float):
+        self.names = [n for n, _ in named_params]
+        self.params = [p for _, p in named_params]
+        self.comm = comm
+        self.nesterov = outer == "nesterov"
+        self.lr, self.mu = lr, momentum
+        self.anchor = [p.detach().clone() for p in self.params]
+        self.momentum = [torch.zeros_like(p) for p in self.params] if self.nesterov else []
+
+    def reset_anchor(self) -> None:
+        """W_anchor = W."""
+        for a, p in zip(self.anchor, self.params):
+            a.copy_(p.detach())
+
+    @torch.no_grad()
+    def __call__(self) -> list[torch.Tensor]:
+        """Run the sync; returns Delta for every parameter (identical on every rank)."""
+        deltas = [p.detach() - a for p, a in zip(self.params, self.anchor)]
+        self.comm.all_reduce(deltas, "pseudo_gradient")
+        for i, (p, a, d) in enumerate(zip(self.params, self.anchor, deltas)):
+            if self.nesterov:
+                b = self.momentum[i].mul_(self.mu).sub_(d)
+                a.add_(torch.sub(d, b, alpha=self.mu), alpha=self.lr)
+            else:
+                a.add_(d)
+            p.copy_(a)
+        return deltas
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        sd = {"anchor": {n: a.clone() for n, a in zip(self.names, self.anchor)}}
+        if self.nesterov:
+            sd["outer_momentum"] = {n: b.clone() for n, b in zip(self.names, self.momentum)}
+        return sd
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        buffers = [("anchor", self.anchor)] + ([("outer_momentum", self.momentum)] if self.nesterov else [])
+        for key, tensors in buffers:
+            if key not in sd or set(sd[key]) != set(self.names):
+                raise ValueError(f"sync engine state has no matching {key!r} for this model: resume with the "
+                                 "same sync method, outer step and model as the checkpoint")
+            for n, t in zip(self.names, tensors):
+                t.copy_(sd[key][n])
+
+    def state_bytes(self) -> dict[str, int]:
+        return {"anchor": sum(a.numel() * a.element_size() for a in self.anchor),
+                "outer_momentum": sum(b.numel() * b.element_size() for b in self.momentum)}
+
+
+class MomentAverage:
+    """u <- mean_m u_m at t % K_u == 0 and v <- mean_m v_m at t % K_v == 0 (kind "optimizer_state"), over the
+    optimizer state keys "exp_avg" (u) and "exp_avg_sq" (v) of `params`; a period 0 means never."""
+
+    KEYS = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter], comm: Communicator,
+                 every_u: int, every_v: int):
+        self.optimizer = optimizer
+        self.params = params
+        self.comm = comm
+        self.every = (every_u, every_v)
+
+    def __call__(self, step: int) -> None:
+        for key, every in zip(self.KEYS, self.every):
+            if every and step % every == 0:
+                state = self.optimizer.state
+                self.comm.all_reduce([state[p][key] for p in self.params if key in state[p]], "optimizer_state")
+
+
+class GlobalBasis:
+    """Q = top-r singular vectors of a matrix that is identical on every rank (an all-reduced G, or Delta), in fp32
+    with fixed signs, so Q is identical on every rank (D13); installed by the optimizer's set_bases_from, which
+    moves the moments from the old Q to the new one (D4). Keeps the largest principal angle between the old and
+    the new Q of every matrix at the last change of basis (subspace movement)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, comm: Communicator):
+        self.optimizer = optimizer
+        self.comm = comm
+        self.params = optimizer.lowrank_params()
+        self.angles: list[float] = []
+
+    def missing(self) -> bool:
+        """Whether some matrix has no basis yet (a fresh optimizer)."""
+        return any("basis" not in self.optimizer.state[p] for p in self.params)
+
+    def from_gradients(self, reduce: bool) -> None:
+        """Q from G, all-reduced first (kind "gradient") on a copy when `reduce`, else G is already the mean."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if reduce:
+            grads = [g.detach().clone() for g in grads]
+            self.comm.all_reduce(grads, "gradient")
+        self.install(grads)
+
+    def install(self, matrices: list[torch.Tensor]) -> None:
+        """Q = top_basis(M) for each low-rank matrix's M (in lowrank_params() order)."""
+        old = [self.optimizer.state[p].get("basis") for p in self.params]
+        self.optimizer.set_bases_from(matrices)
+        angles = [principal_angles(q, self.optimizer.state[p]["basis"]).max().item()
+                  for p, q in zip(self.params, old) if q is not None]
+        if angles:
+            self.angles = angles
+
+
+class SyncEngine:
+    """The sync of one method for one replica (see the module docstring); built by `build_sync_engine`."""
+
+    def __init__(self, opts: SyncOptions, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator):
+        self.opts = opts
+        self.optimizer = optimizer
+        self.comm = comm
+        self.step = 0
+        method = opts.method
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        lowrank_ids = {id(p) for g in lowrank_groups(optimizer) for p in g["params"]}
+        lowrank = [p for p in self.params if id(p) in lowrank_ids]
+        # With projected gradients the low-rank matrices travel as Q^T G through the optimizer's hook, which also
+        # all-reduces the other parameters' G.
+        reduced = [p for p in self.params if id(p) not in lowrank_ids] if opts.projected_gradients else self.params
+        self.gradients = GradientAllReduce(reduced, comm) if method.per_step_gradients else None
+        self.basis = GlobalBasis(optimizer, comm) if method.global_basis else None
+        self.lowrank_gradients_reduced = method.per_step_gradients and not opts.projected_gradients
+        self.pseudo = (PseudoGradientSync(named, comm, opts.outer, opts.outer_lr, opts.outer_momentum)
+                       if method.k_step else None)
+        self.moments = None
+        if method.k_step and (opts.state_sync_u or opts.state_sync_v):
+            scope = lowrank if opts.state_sync_scope == "lowrank" else self.params
+            self.moments = MomentAverage(optimizer, scope, comm, opts.state_sync_u, opts.state_sync_v)
+        if opts.projected_gradients:
+            optimizer.projected_gradient_hook = self._all_reduce_projected
+        if opts.name == "optimizer_sync":
+            optimizer.set_communicator(comm)
+
+    def _all_reduce_projected(self, projected: list[torch.Tensor]) -> None:
+        """Inside optimizer.step(): g <- mean_m g_m for the projected gradients g = Q^T G (kind "projected_gradient"),
+        in place, and G <- mean_m G_m for the other parameters. Both come after the caller's clipping, which each
+        worker does on its own gradient (its full G is never averaged), so every replica applies the same update."""
+        self.comm.all_reduce(projected, "projected_gradient")
+        self.gradients()
+
+    def setup(self) -> None:
+        """Once before training: every replica takes rank 0's parameters (kind "parameters"); W_anchor = W."""
+        self.comm.step = 0
+        self.comm.broadcast([p.detach() for p in self.params], "parameters")
+        if self.pseudo is not None:
+            self.pseudo.reset_anchor()
+
+    def _enter(self, step: int) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step <= self.step:
+            raise ValueError(f"step={step!r} after step {self.step}: steps count from 1 and increase by one "
+                             "optimizer step at a time")
+        self.comm.step = step
+
+    def before_optimizer_step(self, step: int) -> None:
+        """After backward, before clipping and optimizer.step(): per-step gradient all-reduce (with projected
+        gradients it runs inside optimizer.step() instead); a new global Q from the all-reduced gradient when there
+        is none yet (D1) or at a lowrank_ddp refresh ((t - 1) % T == 0)."""
+        self._enter(step)
+        if self.gradients is not None and not self.opts.projected_gradients:
+            self.gradients()
+        if self.basis is not None:
+            refresh = self.opts.method.global_basis == "gradient" and (step - 1) % self.opts.basis_refresh_every == 0
+            if refresh or self.basis.missing():
+                self.basis.from_gradients(reduce=not self.lowrank_gradients_reduced)
+
+    def after_optimizer_step(self, step: int) -> None:
+        """After optimizer.step(): at t % K == 0 the pseudo-gradient sync, then Q from Delta; moment averages."""
+        self._enter(step)
+        if self.pseudo is not None and step % self.opts.sync_every == 0:
+            deltas = self.pseudo()
+            if self.basis is not None and self.opts.method.global_basis == "pseudo_gradient":
+                index = {id(p): i for i, p in enumerate(self.params)}
+                self.basis.install([deltas[index[id(p)]] for p in self.basis.params])
+        if self.moments is not None:
+            self.moments(step)
+        self.step = step
+
+    def is_sync_step(self, step: int) -> bool:
+        """Whether all replicas hold identical weights after step `step` (a checkpoint point)."""
+        return self.opts.is_sync_step(step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors only: the last step taken, and for K-step methods W_anchor and the outer momentum."""
+        sd: dict[str, Any] = {"step": torch.tensor(self.step)}
+        if self.pseudo is not None:
+            sd.update(self.pseudo.state_dict())
+        return sd
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        self.step = int(sd["step"])
+        if self.pseudo is not None:
+            self.pseudo.load_state_dict(sd)
+
+    def metrics(self) -> dict[str, float]:
+        """Flat scalars: bytes on the wire at the last step by kind and in total so far, optimizer-state bytes by
+        kind (with the anchor and outer momentum apart), RMS of the update terms, subspace movement (radians)."""
+        at_step = self.comm.wire_bytes_at(self.step)
+        out = {f"comm/{kind}_bytes": float(at_step.get(kind, 0.0)) for kind in KINDS}
+        out["comm/step_bytes"] = float(sum(at_step.values()))
+        out["comm/cumulative_bytes"] = float(sum(self.comm.wire_bytes_by_kind().values()))
+        for kind, n in optimizer_state_bytes(self.optimizer).items():
+            out[f"memory/{kind}_bytes"] = float(n)
+        if self.pseudo is not None:
+            for kind, n in self.pseudo.state_bytes().items():
+                out[f"memory/{kind}_bytes"] = float(n)
+        if hasattr(self.optimizer, "last_update_rms"):
+            for term, rms in self.optimizer.last_update_rms().items():
+                out[f"update_rms/{term}"] = float(rms)
+        if self.basis is not None:
+            angles = self.basis.angles
+            out["subspace/max_angle"] = max(angles) if angles else math.nan
+            out["subspace/mean_angle"] = sum(angles) / len(angles) if angles else math.nan
+        return out
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of optimizer state by kind: the optimizer's own `state_bytes()` where it has one; else Adam moments
+    (exp_avg, exp_avg_sq) as "adamw_moments" and any other tensor state by its key, step counters excluded."""
+    if hasattr(optimizer, "state_bytes"):
+        return dict(optimizer.state_bytes())
+    totals: dict[str, int] = {}
+    for state in optimizer.state.values():
+        for key, t in state.items():
+            if torch.is_tensor(t) and key != "step":
+                kind = "adamw_moments" if key in MomentAverage.KEYS else key
+                totals[kind] = totals.get(kind, 0) + t.numel() * t.element_size()
+    return totals
+
+
+def check_optimizer(opts: SyncOptions, optimizer: torch.optim.Optimizer) -> None:
+    """ValueError unless the optimizer fits the method: self-synchronizing optimizers only with optimizer_sync; a
+    LowRankAdam with basis="external" exactly for the methods that install a global Q, basis="local" for lordo_local
+    with its refresh at every sync (D10); omega == 1 where the full-rank term would use unsynchronized gradients
+    (lowrank_ddp with projected gradients) or defines the method (lordo_global_noqh); no averaging of moments kept in
+    worker-local bases. (LowRankAdam itself rejects a rank larger than a matrix when it is built.)"""
+    name, method = opts.name, opts.method
+    self_syncing = getattr(optimizer, "synchronizes_gradients", False)
+    if name == "optimizer_sync" and not self_syncing:
+        raise ValueError(f"sync.name='optimizer_sync' needs an optimizer that synchronizes itself (Dion, Orth-Dion); "
+                         f"{type(optimizer).__name__} does not: use sync.name='ddp' or a K-step method")
+    if name != "optimizer_sync" and self_syncing:
+        raise ValueError(f"{type(optimizer).__name__} synchronizes its own gradients: use sync.name='optimizer_sync'")
+    groups = lowrank_groups(optimizer)
+    if method.optimizer_basis and not groups:
+        raise ValueError(f"sync.name={name!r} needs a low-rank optimizer (LowRankAdam with basis="
+                         f"{method.optimizer_basis!r}); {type(optimizer).__name__} has no low-rank parameter groups")
+    for g in groups:
+        basis = g.get("basis")
+        if method.optimizer_basis and basis != method.optimizer_basis:
+            raise ValueError(f"sync.name={name!r} needs the low-rank groups' basis={method.optimizer_basis!r}, "
+                             f"got basis={basis!r}: set optim.basis={method.optimizer_basis!r}")
+        if not method.global_basis and basis == "external":
+            raise ValueError(f"low-rank groups with basis='external' get Q only from a global-basis method "
+                             f"(lowrank_ddp, lordo, lordo_global_noqh), not sync.name={name!r}: "
+                             "set optim.basis='local'")
+        if (name == "lordo_global_noqh" or opts.projected_gradients) and g.get("omega") != 1:
+            why = ("is LoRDO without the full-rank term" if name == "lordo_global_noqh" else
+                   "with projected gradients cannot synchronize the full-rank term, which uses the local G")
+            raise ValueError(f"sync.name={name!r} {why}: set optim.omega=1 (got {g.get('omega')!r})")
+        if name == "lordo_local" and g.get("refresh_every") != opts.sync_every:
+            raise ValueError(f"lordo_local refreshes each worker's Q at every sync (D10): set optim.refresh_every "
+                             f"equal to sync.sync_every={opts.sync_every} (got {g.get('refresh_every')!r})")
+    if method.k_step and (opts.state_sync_u or opts.state_sync_v):
+        if opts.state_sync_scope == "lowrank" and not groups:
+            raise ValueError(f"sync.state_sync_scope='lowrank' averages low-rank moments, but "
+                             f"{type(optimizer).__name__} has none: set sync.state_sync_scope='all' or use a low-rank "
+                             "optimizer")
+        if any(g.get("basis") == "local" for g in groups):
+            raise ValueError(f"sync.name={name!r} would average low-rank moments that live in each worker's own "
+                             "basis (basis='local'), which is meaningless: set sync.state_sync_u=0 and "
+                             "sync.state_sync_v=0")
+
+
+def build_sync_engine(sync_cfg: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+                      comm: Communicator) -> SyncEngine:
+    """The engine of `sync_cfg["name"]` for this replica; ValueError before training on a bad config or an
+    optimizer that does not fit the method."""
+    opts = sync_options(sync_cfg)
+    check_optimizer(opts, optimizer)
+    return SyncEngine(opts, model, optimizer, comm)

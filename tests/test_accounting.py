@@ -1,0 +1,129 @@
+"""The analytic communication model against closed forms written out by hand, and the paper-settings table.
+(Measured bytes are checked against it in test_sync.py and test_sync_distributed.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from lowcomm.distributed.accounting import (
+    ParamShapes,
+    analytic_bytes_at,
+    analytic_bytes_per_step,
+    main,
+    model_shapes,
+    paper_table,
+    setup_bytes,
+)
+
+M = 4
+RING = 2 * (M - 1) / M * 4  # bytes per worker per fp32 number of an all-reduce
+R = 4
+# Smoke-like shapes: wide and tall matrices (left and right projections) and the non-matrix parameters.
+SHAPES = ParamShapes(lowrank=((192, 64), (64, 64), (256, 64), (64, 256)), other=((512, 64), (64,), (64,)))
+P = sum(a * b for a, b in SHAPES.lowrank) + 512 * 64 + 2 * 64  # all numbers
+L = sum(a * b for a, b in SHAPES.lowrank)  # the matrices
+O = P - L  # the rest
+S = sum(R * max(a, b) for a, b in SHAPES.lowrank)  # one rank-r projection (or moment) of every matrix
+
+
+def steady(options: dict) -> dict:
+    return analytic_bytes_per_step(options, SHAPES, M)
+
+
+def approx(d: dict) -> dict:
+    return {k: pytest.approx(v, rel=1e-12) for k, v in d.items()}
+
+
+@pytest.mark.parametrize("options, expected", [
+    ({"name": "ddp"}, {"gradient": RING * P}),
+    ({"name": "lowrank_ddp", "rank": R, "basis_refresh_every": 10},
+     {"projected_gradient": RING * S, "gradient": RING * (O + L / 10)}),
+    ({"name": "lowrank_ddp", "rank": R, "lowrank_gradient": "full"}, {"gradient": RING * P}),
+    ({"name": "local_adam", "sync_every": 8, "state_sync_u": 4, "state_sync_v": 16},
+     {"pseudo_gradient": RING * P / 8, "optimizer_state": RING * (P / 4 + P / 16)}),
+    ({"name": "diloco", "sync_every": 8}, {"pseudo_gradient": RING * P / 8}),
+    ({"name": "lordo_local", "sync_every": 8, "rank": R}, {"pseudo_gradient": RING * P / 8}),
+    ({"name": "lordo", "sync_every": 8, "rank": R},
+     {"pseudo_gradient": RING * P / 8, "optimizer_state": RING * 2 * S / 8}),
+    ({"name": "lordo_global_noqh", "sync_every": 8, "rank": R, "state_sync_v": 0},
+     {"pseudo_gradient": RING * P / 8, "optimizer_state": RING * S / 8}),
+    ({"name": "lordo", "sync_every": 8, "rank": R, "state_sync_scope": "all"},
+     {"pseudo_gradient": RING * P / 8, "optimizer_state": RING * 2 * (S + O) / 8}),
+    ({"name": "dion", "rank": R}, {"factor": RING * sum((a + b) * R for a, b in SHAPES.lowrank), "gradient": RING * O}),
+    ({"name": "orth_dion", "rank_fraction": 0.25},
+     {"factor": RING * sum((a + b) * 16 for a, b in SHAPES.lowrank), "gradient": RING * O}),
+])
+def test_steady_state_bytes_match_the_closed_forms(options, expected):
+    assert steady(options) == approx(expected)
+
+
+def test_dion_sends_the_full_gradient_where_factors_are_not_smaller():
+    """(m + n) r >= mn: 8 x 8 at r = 4 sends 64 numbers either way, so the gradient goes instead."""
+    shapes = ParamShapes(lowrank=((8, 8), (64, 8)), other=())
+    assert analytic_bytes_per_step({"name": "dion", "rank": 4}, shapes, M) == approx(
+        {"factor": RING * (64 + 8) * 4, "gradient": RING * 64})
+
+
+@pytest.mark.parametrize("options", [
+    {"name": "lordo", "sync_every": 4, "rank": R},
+    {"name": "lowrank_ddp", "rank": R, "basis_refresh_every": 3},
+    {"name": "local_adam", "sync_every": 4, "state_sync_u": 6, "state_sync_v": 0},
+    {"name": "dion", "rank": R},
+])
+@pytest.mark.parametrize("steps", [1, 7, 12, 13])
+def test_amortized_bytes_are_the_mean_of_the_per_step_bytes(options, steps):
+    total: dict[str, float] = {}
+    for t in range(1, steps + 1):
+        for kind, b in analytic_bytes_at(options, SHAPES, M, t).items():
+            total[kind] = total.get(kind, 0.0) + b
+    expected = {k: v / steps for k, v in total.items() if v}
+    assert analytic_bytes_per_step(options, SHAPES, M, steps=steps) == approx(expected)
+
+
+def test_lordo_first_step_gradient_is_a_one_off():
+    """D1: the first step all-reduces the matrices' gradient once; steady state leaves it out, N steps amortize it."""
+    options = {"name": "lordo", "sync_every": 8, "rank": R}
+    assert analytic_bytes_at(options, SHAPES, M, 1) == approx({"gradient": RING * L})
+    assert analytic_bytes_at(options, SHAPES, M, 2) == {}
+    assert analytic_bytes_at(options, SHAPES, M, 8) == approx(
+        {"pseudo_gradient": RING * P, "optimizer_state": RING * 2 * S})
+    amortized = analytic_bytes_per_step(options, SHAPES, M, steps=80)
+    assert amortized == approx({**steady(options), "gradient": RING * L / 80})
+
+
+def test_one_worker_sends_nothing_and_setup_broadcasts_the_parameters():
+    assert analytic_bytes_per_step({"name": "ddp"}, SHAPES, 1) == {}
+    assert setup_bytes(SHAPES, M) == approx({"parameters": (M - 1) / M * 4 * P})
+    assert analytic_bytes_per_step({"name": "ddp"}, SHAPES, M, bytes_per_element=2) == approx(
+        {"gradient": RING / 2 * P})
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"name": "lordo"}, r"need 'rank'"),
+    ({"name": "lowrank_ddp", "rank": 65}, r"rank=65 is invalid"),
+    ({"name": "dion"}, r"need 'rank'"),
+    ({"name": "ring_ddp"}, r"sync\.name='ring_ddp' is not a sync method"),
+])
+def test_bad_method_options_fail(options, match):
+    with pytest.raises(ValueError, match=match):
+        analytic_bytes_per_step(options, SHAPES, M)
+
+
+def test_paper_table_reproduces_the_claimed_ratios_in_size():
+    rows = {(r["size"], r["method"]): r for r in paper_table(steps=10_000)}
+    for size in ("lordo-125m", "lordo-720m"):
+        ddp, lowrank_ddp, lordo = (rows[size, m]["steady_mb"] for m in ("ddp", "lowrank_ddp", "lordo"))
+        assert 20 < ddp / lordo < 32  # paper: about 25x (K = 32 bounds it; the moments cost the rest)
+        assert 5 < lowrank_ddp / lordo < 15  # paper: about 10x
+        assert rows[size, "lordo"]["amortized_mb"] > rows[size, "lordo"]["steady_mb"]  # D1 amortized in
+    shapes = model_shapes("lordo-125m")
+    assert sum(a * b for a, b in shapes.lowrank) == 12 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072)
+    assert rows["lordo-125m", "ddp"]["steady_mb"] == pytest.approx(
+        1.5 * 4 * (sum(a * b for a, b in shapes.lowrank) + 50_368 * 768 + 25 * 768) / 1e6)
+
+
+def test_entry_point_prints_the_table(capsys):
+    main(["--steps", "1000"])
+    out = capsys.readouterr().out
+    assert "amortized over 1000 steps" in out and "fp32" in out
+    assert "lordo-720m: lowrank_ddp / lordo" in out and "paper: about 25x" in out

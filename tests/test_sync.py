@@ -1,0 +1,276 @@
+"""Sync engines on one process: options and optimizer checks, the outer step against torch's SGD, moment averaging
+periods, every method without a process group, and the byte pattern each method sends.
+
+The helpers at the top (METHODS, build, train_step) are shared with test_sync_distributed.py."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import pytest
+import torch
+
+from lowcomm.distributed.accounting import analytic_bytes_at, param_shapes
+from lowcomm.distributed.comm import Communicator
+from lowcomm.distributed.options import METHODS as METHOD_TABLE
+from lowcomm.distributed.options import sync_options
+from lowcomm.distributed.sync import MomentAverage, PseudoGradientSync, build_sync_engine
+from lowcomm.model import Transformer, model_config
+from lowcomm.optim import build_optimizer
+
+RANK = 4
+K = 4
+
+# name -> (sync config, optimizer config): every method of the engine, with small periods so a few steps cover
+# syncs, moment averages at their own periods, and basis refreshes.
+METHODS = {
+    "ddp": ({"name": "ddp"}, {"name": "adamw"}),
+    "lowrank_ddp": ({"name": "lowrank_ddp", "basis_refresh_every": K},
+                    {"name": "lordo_local_step", "rank": RANK, "omega": 1.0}),
+    "lowrank_ddp_full": ({"name": "lowrank_ddp", "basis_refresh_every": K, "lowrank_gradient": "full"},
+                         {"name": "lordo_local_step", "rank": RANK}),
+    "local_adam": ({"name": "local_adam", "sync_every": K, "state_sync_u": 2, "state_sync_v": K},
+                   {"name": "adamw"}),
+    "diloco": ({"name": "diloco", "sync_every": K}, {"name": "adamw"}),
+    "lordo": ({"name": "lordo", "sync_every": K}, {"name": "lordo_local_step", "rank": RANK}),
+    "lordo_global_noqh": ({"name": "lordo_global_noqh", "sync_every": K},
+                          {"name": "lordo_local_step", "rank": RANK, "omega": 1.0, "weight_decay": 0.0}),
+    "lordo_local": ({"name": "lordo_local", "sync_every": K},
+                    {"name": "lordo_local_step", "rank": RANK, "basis": "local", "refresh_every": K}),
+    "optimizer_sync": ({"name": "optimizer_sync"}, {"name": "orth_dion", "rank_fraction": 0.25}),
+}
+
+
+def build(method: str, comm: Communicator, seed: int = 0, sync: dict | None = None, optim: dict | None = None):
+    """Smoke model (initialized differently on every rank, so setup's broadcast matters), optimizer and engine;
+    `optim` with a name replaces the method's optimizer config, without one it overrides keys of it."""
+    sync_cfg, optim_cfg = METHODS[method]
+    torch.manual_seed(seed + 1000 * comm.rank)
+    model = Transformer(model_config("smoke"))
+    optim = optim or {}
+    optimizer = build_optimizer(optim if "name" in optim else {**optim_cfg, **optim}, model)
+    engine = build_sync_engine({**sync_cfg, **(sync or {})}, model, optimizer, comm)
+    return model, optimizer, engine
+
+
+def analytic_options(method: str) -> dict:
+    """The accounting's method options of a METHODS entry: the sync config plus the optimizer's rank."""
+    sync_cfg, optim_cfg = METHODS[method]
+    if method == "optimizer_sync":
+        return {"name": "orth_dion", "rank_fraction": optim_cfg["rank_fraction"]}
+    return {**sync_cfg, **({"rank": optim_cfg["rank"]} if "rank" in optim_cfg else {})}
+
+
+def batch(rank: int, step: int, size: int = 2, context: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data of (rank, step): the data position is the step."""
+    g = torch.Generator().manual_seed(10_000 * rank + step)
+    tokens = torch.randint(0, model_config("smoke").vocab_size, (size, context + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def train_step(model, optimizer, engine, step: int, rank: int, clip: float | None = 1.0) -> float:
+    """One step of the caller's loop: backward, engine, clip, optimizer, engine."""
+    x, y = batch(rank, step)
+    optimizer.zero_grad(set_to_none=True)
+    loss = model.loss(x, y)
+    loss.backward()
+    engine.before_optimizer_step(step)
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    engine.after_optimizer_step(step)
+    return loss.item()
+
+
+def payload_by_step(comm: Communicator) -> dict[int, dict[str, float]]:
+    totals: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for r in comm.records:
+        totals[r.step][r.kind] += r.payload
+    return {s: dict(k) for s, k in totals.items()}
+
+
+# ------------------------------------------------------------------------------------------------ options
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"name": "lordo", "sync_every": 0}, r"sync\.sync_every=0 .*integer >= 1"),
+    ({"name": "lordo", "sync_every": 2.5}, r"sync\.sync_every=2\.5"),
+    ({"name": "lordo_fast"}, r"sync\.name='lordo_fast' is not a sync method: choose one of"),
+    ({"name": "ddp", "sync_evry": 4}, r"unknown key\(s\) sync\.sync_evry .*valid keys"),
+    ({"name": "diloco", "outer": "adam"}, r"sync\.outer='adam' is unknown"),
+    ({"name": "local_adam", "state_sync_u": -1}, r"sync\.state_sync_u=-1"),
+    ({"name": "lowrank_ddp", "lowrank_gradient": "sketched"}, r"sync\.lowrank_gradient='sketched'"),
+    ({"name": "diloco", "outer_momentum": 1.0}, r"sync\.outer_momentum=1\.0"),
+])
+def test_bad_sync_config_fails_naming_the_key(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        sync_options(cfg)
+
+
+def test_method_defaults():
+    assert sync_options({"name": "local_adam", "sync_every": 8}).state_sync_u == 8
+    diloco = sync_options({"name": "diloco"})
+    assert (diloco.outer, diloco.state_sync_u, diloco.state_sync_v) == ("nesterov", 0, 0)
+    lordo = sync_options({"name": "lordo", "sync_every": 16})
+    assert (lordo.outer, lordo.state_sync_u, lordo.state_sync_v, lordo.state_sync_scope) == (
+        "average", 16, 16, "lowrank")
+    assert sync_options({"name": "lordo_local"}).state_sync_u == 0
+    assert {cfg["name"] for cfg, _ in METHODS.values()} == set(METHOD_TABLE)
+
+
+@pytest.mark.parametrize("method, sync, optim, match", [
+    ("lordo", {}, {"name": "adamw"}, r"needs a low-rank optimizer"),
+    ("lordo", {}, {"basis": "local"}, r"needs the low-rank groups' basis='external'"),
+    ("lordo_global_noqh", {}, {"omega": 0.7}, r"without the full-rank term: set optim\.omega=1"),
+    ("lowrank_ddp", {}, {"omega": 0.7}, r"projected gradients .* set optim\.omega=1"),
+    ("lordo_local", {}, {"refresh_every": 1}, r"D10.*refresh_every"),
+    ("local_adam", {}, {"name": "lordo_local_step", "rank": RANK}, r"basis='external' get Q only from"),
+    ("ddp", {}, {"name": "dion"}, r"synchronizes its own gradients: use sync\.name='optimizer_sync'"),
+    ("optimizer_sync", {}, {"name": "adamw"}, r"needs an optimizer that synchronizes itself"),
+    ("local_adam", {"state_sync_scope": "lowrank"}, {}, r"state_sync_scope='lowrank' averages low-rank moments"),
+    ("lordo_local", {"state_sync_u": K}, {}, r"each worker's own basis .* set sync\.state_sync_u=0"),
+    ("local_adam", {}, {"name": "galore", "rank": RANK}, r"each worker's own basis"),
+])
+def test_optimizer_that_does_not_fit_the_method_fails_before_training(method, sync, optim, match):
+    with pytest.raises(ValueError, match=match):
+        build(method, Communicator(), sync=sync, optim=optim)
+
+
+def test_rank_larger_than_a_matrix_fails_before_training():
+    with pytest.raises(ValueError, match=r"rank=65 is invalid .* between 1 and min\(p, q\) = 64"):
+        build("lordo", Communicator(), optim={"rank": 65})
+
+
+# ------------------------------------------------------------------------------------------------ parts
+
+def test_nesterov_outer_step_matches_torch_sgd_on_minus_delta():
+    """W = W_anchor + lr (Delta - mu b), b = mu b - Delta is SGD(nesterov) on the outer gradient -Delta."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, 3))
+    sync = PseudoGradientSync([("w", w)], Communicator(), "nesterov", lr=0.7, momentum=0.9)
+    reference = w.detach().clone().requires_grad_(True)
+    outer = torch.optim.SGD([reference], lr=0.7, momentum=0.9, nesterov=True)
+    for _ in range(3):
+        local = torch.randn(5, 3) * 0.1
+        with torch.no_grad():
+            w.add_(local)
+        (delta,) = sync()
+        torch.testing.assert_close(delta, local)
+        reference.grad = -local
+        outer.step()
+        torch.testing.assert_close(w.detach(), reference.detach(), rtol=0, atol=1e-6)
+        torch.testing.assert_close(sync.anchor[0], w.detach(), rtol=0, atol=0)
+
+
+def test_average_outer_step_is_anchor_plus_delta():
+    w = torch.nn.Parameter(torch.zeros(4))
+    sync = PseudoGradientSync([("w", w)], Communicator(), "average", lr=0.7, momentum=0.9)
+    with torch.no_grad():
+        w.add_(1.5)
+    sync()
+    assert torch.equal(w.detach(), torch.full((4,), 1.5)) and torch.equal(sync.anchor[0], w.detach())
+    assert sync.momentum == []
+
+
+def test_moment_average_periods():
+    comm = Communicator()
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.Adam([p])
+    p.grad = torch.ones(3)
+    opt.step()
+    average = MomentAverage(opt, [p], comm, every_u=2, every_v=3)
+    for step in range(1, 7):
+        comm.step = step
+        average(step)
+    steps = defaultdict(list)
+    for r in comm.records:
+        steps[r.step].append(r.payload)
+    assert dict(steps) == {2: [12], 3: [12], 4: [12], 6: [12, 12]}
+
+
+def test_state_dict_holds_tensors_and_restores_anchor_and_momentum():
+    model, optimizer, engine = build("diloco", Communicator())
+    engine.setup()
+    for t in range(1, K + 1):
+        train_step(model, optimizer, engine, t, 0)
+    sd = engine.state_dict()
+    leaves = [sd["step"]] + list(sd["anchor"].values()) + list(sd["outer_momentum"].values())
+    assert all(torch.is_tensor(x) for x in leaves) and int(sd["step"]) == K
+    assert any(b.abs().sum() > 0 for b in sd["outer_momentum"].values())
+    _, _, fresh = build("diloco", Communicator(), seed=1)
+    fresh.load_state_dict(sd)
+    assert fresh.step == K
+    for a, b in zip(fresh.pseudo.anchor, engine.pseudo.anchor):
+        assert torch.equal(a, b)
+    for a, b in zip(fresh.pseudo.momentum, engine.pseudo.momentum):
+        assert torch.equal(a, b)
+    _, _, local = build("local_adam", Communicator())
+    with pytest.raises(ValueError, match="no matching 'anchor'"):
+        local.load_state_dict({"step": torch.tensor(0)})
+
+
+def test_steps_count_from_one():
+    model, optimizer, engine = build("ddp", Communicator())
+    engine.setup()
+    with pytest.raises(ValueError, match="steps count from 1"):
+        engine.before_optimizer_step(0)
+
+
+def test_optimizer_sync_only_hands_over_the_communicator():
+    comm = Communicator()
+    model, optimizer, engine = build("optimizer_sync", comm)
+    assert optimizer.communicator is comm
+    engine.setup()
+    for t in range(1, 4):
+        train_step(model, optimizer, engine, t, 0)
+    assert {r.kind for r in comm.records} == {"parameters"}
+    assert all(engine.is_sync_step(t) for t in range(1, 4))
+
+
+# ------------------------------------------------------------------------------------------------ one worker
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_one_worker_runs_every_method_without_a_process_group(method):
+    """M = 1: no process group; every collective is recorded with zero bytes on the wire, and the payloads have the
+    analytic pattern (at M = 2 the ring factor 2(M-1)/M is 1, so the analytic wire bytes of M = 2 are the payloads)."""
+    comm = Communicator()
+    assert not comm.distributed and comm.world_size == 1
+    model, optimizer, engine = build(method, comm)
+    start = [p.detach().clone() for p in model.parameters()]
+    engine.setup()
+    steps = 2 * K + 1
+    losses = [train_step(model, optimizer, engine, t, 0) for t in range(1, steps + 1)]
+    assert all(math.isfinite(x) for x in losses)
+    assert any(not torch.equal(a, p) for a, p in zip(start, model.parameters()))
+    assert all(v == 0 for v in comm.wire_bytes_by_kind().values())
+    metrics = engine.metrics()
+    assert all(isinstance(v, float) for v in metrics.values())
+    assert metrics["comm/step_bytes"] == 0.0
+    if method == "optimizer_sync":  # Dion sends nothing on one worker
+        return
+    lowrank = optimizer.lowrank_params() if hasattr(optimizer, "lowrank_params") else None
+    shapes = param_shapes(model, lowrank)
+    payloads = payload_by_step(comm)
+    assert payloads.get(0) == {"parameters": 4 * sum(p.numel() for p in model.parameters())}
+    for t in range(1, steps + 1):
+        assert payloads.get(t, {}) == analytic_bytes_at(analytic_options(method), shapes, 2, t), f"step {t}"
+
+
+def test_metrics_report_state_memory_update_rms_and_subspace_movement():
+    model, optimizer, engine = build("lordo", Communicator())
+    engine.setup()
+    assert math.isnan(engine.metrics()["subspace/max_angle"])
+    for t in range(1, 2 * K + 1):
+        train_step(model, optimizer, engine, t, 0)
+    m = engine.metrics()
+    state = optimizer.state_bytes()
+    assert m["memory/moments_bytes"] == state["moments"] > 0
+    assert m["memory/anchor_bytes"] == sum(p.numel() * 4 for p in model.parameters())
+    assert m["update_rms/full"] > 0 and m["update_rms/low"] > 0
+    assert 0 < m["subspace/mean_angle"] <= m["subspace/max_angle"] <= math.pi / 2 + 1e-6
+    assert m["comm/pseudo_gradient_bytes"] == 0.0  # one worker: nothing on the wire
+    adamw_model, adamw, adamw_engine = build("local_adam", Communicator())
+    adamw_engine.setup()
+    train_step(adamw_model, adamw, adamw_engine, 1, 0)
+    moments = 2 * sum(p.numel() * 4 for p in adamw_model.parameters())
+    assert adamw_engine.metrics()["memory/adamw_moments_bytes"] == moments

@@ -1,0 +1,156 @@
+"""Sync engines on two real gloo processes (spawned once for the module; every scenario runs inside that spawn and
+each rank saves its observations, which the tests below compare across ranks)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from test_sync import METHODS, analytic_options, build, train_step
+
+from lowcomm.distributed.accounting import analytic_bytes_at, param_shapes, setup_bytes
+from lowcomm.distributed.comm import Communicator
+from lowcomm.distributed.sync import build_sync_engine
+from lowcomm.model import Transformer, model_config
+
+WORLD = 2
+K = 4
+STEPS = 3 * K  # three syncs
+GLOBAL_BASIS = ("lowrank_ddp", "lowrank_ddp_full", "lordo", "lordo_global_noqh")
+
+
+def run_method(method: str, rank: int) -> dict:
+    """STEPS steps of `method`; weights (and bases) after every sync and just before each sync, subspace movement,
+    bytes on the wire by step."""
+    comm = Communicator()
+    model, optimizer, engine = build(method, comm)
+    engine.setup()
+    lowrank = optimizer.lowrank_params() if hasattr(optimizer, "lowrank_params") else []
+    synced, between, angles = {}, {}, {}
+    for t in range(1, STEPS + 1):
+        train_step(model, optimizer, engine, t, rank)
+        weights = [p.detach().clone() for p in model.parameters()]
+        if engine.is_sync_step(t):
+            synced[t] = {"weights": weights, "bases": [optimizer.state[p]["basis"].clone() for p in lowrank]}
+            angles[t] = engine.metrics().get("subspace/max_angle")
+        elif engine.is_sync_step(t + 1):
+            between[t] = weights
+    return {"synced": synced, "between": between, "angles": angles, "bytes": comm.wire_bytes_by_step(),
+            "shapes": param_shapes(model, lowrank or None)}
+
+
+def sgd_runs(rank: int) -> dict[str, list[torch.Tensor]]:
+    """Plain SGD, no momentum, no clipping: DDP, and pseudo-gradient averaging with K = 1."""
+    out = {}
+    for name, sync in (("ddp", {"name": "ddp"}), ("average", {"name": "local_adam", "sync_every": 1})):
+        torch.manual_seed(1000 * rank)
+        model = Transformer(model_config("smoke"))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        engine = build_sync_engine(sync, model, optimizer, Communicator())
+        engine.setup()
+        start = [p.detach().clone() for p in model.parameters()]
+        for t in range(1, 11):
+            train_step(model, optimizer, engine, t, rank, clip=None)
+        out[name] = [p.detach().clone() for p in model.parameters()]
+        out["start"] = start
+    return out
+
+
+def resume_runs(method: str, rank: int, tmp: str, at: int = K, steps: int = 2 * K + 2) -> tuple[list, list]:
+    """Losses of steps at+1..steps uninterrupted, and resumed from checkpoints (model, optimizer and engine state
+    dicts per rank, saved at the sync step `at` and loaded with weights_only) into a differently initialized replica."""
+    model, optimizer, engine = build(method, Communicator())
+    engine.setup()
+    losses = []
+    for t in range(1, steps + 1):
+        losses.append(train_step(model, optimizer, engine, t, rank))
+        if t == at:
+            assert engine.is_sync_step(t)
+            path = os.path.join(tmp, f"{method}-{rank}.pt")
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "engine": engine.state_dict()}, path)
+    checkpoint = torch.load(path, weights_only=True)
+    model, optimizer, engine = build(method, Communicator(), seed=7)
+    engine.setup()
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    engine.load_state_dict(checkpoint["engine"])
+    resumed = [train_step(model, optimizer, engine, t, rank) for t in range(int(checkpoint["engine"]["step"]) + 1,
+                                                                           steps + 1)]
+    return losses[at:], resumed
+
+
+def worker(rank: int, tmp: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=WORLD)
+    try:
+        out = {"methods": {m: run_method(m, rank) for m in METHODS}, "sgd": sgd_runs(rank),
+               "resume": {m: resume_runs(m, rank, tmp) for m in ("lordo", "local_adam")}}
+        torch.save(out, os.path.join(tmp, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    tmp = str(tmp_path_factory.mktemp("gloo"))
+    mp.spawn(worker, args=(tmp,), nprocs=WORLD, join=True)
+    return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)]
+
+
+def test_sgd_pseudo_gradient_averaging_with_k1_equals_ddp(ranks):
+    for r in ranks:
+        sgd = r["sgd"]
+        moved = max((a - s).abs().max().item() for a, s in zip(sgd["ddp"], sgd["start"]))
+        assert moved > 1e-3
+        for a, b in zip(sgd["ddp"], sgd["average"]):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_after_every_sync_all_ranks_hold_identical_weights_and_bases(ranks, method):
+    first, second = (r["methods"][method] for r in ranks)
+    assert len(first["synced"]) >= 3
+    for t, state in first["synced"].items():
+        other = second["synced"][t]
+        assert all(torch.equal(a, b) for a, b in zip(state["weights"], other["weights"])), f"weights, step {t}"
+        bases_equal = [torch.equal(a, b) for a, b in zip(state["bases"], other["bases"])]
+        if method in GLOBAL_BASIS:
+            assert bases_equal and all(bases_equal), f"bases, step {t}"
+        elif method == "lordo_local":  # each worker's own Q, from its own data
+            assert not any(bases_equal)
+    for t, weights in first["between"].items():  # between syncs the workers really differ
+        assert not all(torch.equal(a, b) for a, b in zip(weights, second["between"][t]))
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_measured_bytes_equal_the_analytic_formula(ranks, method):
+    for r in ranks:
+        run = r["methods"][method]
+        assert run["bytes"][0] == setup_bytes(run["shapes"], WORLD)
+        for t in range(1, STEPS + 1):
+            expected = analytic_bytes_at(analytic_options(method), run["shapes"], WORLD, t)
+            assert run["bytes"].get(t, {}) == expected, f"step {t}"
+        assert any(run["bytes"].get(t) for t in range(1, STEPS + 1))
+
+
+def test_subspace_stagnates_without_the_full_rank_term_and_moves_with_it(ranks):
+    """omega = 1 (and no weight decay): every local update lies in range(Q), so Delta does, and the top-r basis of
+    Delta is range(Q) again; with omega < 1 the full-rank term makes Delta full-rank and Q moves."""
+    for r in ranks:
+        stagnant = r["methods"]["lordo_global_noqh"]["angles"]
+        moving = r["methods"]["lordo"]["angles"]
+        assert len(stagnant) == len(moving) == STEPS // K
+        assert max(stagnant.values()) < 1e-2, stagnant
+        assert min(moving.values()) > 0.1, moving
+
+
+@pytest.mark.parametrize("method", ["lordo", "local_adam"])
+def test_resume_at_a_sync_point_reproduces_the_uninterrupted_losses(ranks, method):
+    for r in ranks:
+        uninterrupted, resumed = r["resume"][method]
+        assert len(resumed) == len(uninterrupted) > K
+        torch.testing.assert_close(torch.tensor(resumed), torch.tensor(uninterrupted), rtol=0, atol=1e-6)
