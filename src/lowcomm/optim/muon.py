@@ -1,0 +1,80 @@
+"""Muon baseline: torch.optim.Muon on the hidden matrices, torch.optim.AdamW on the other parameters.
+
+Muon: B <- mu B + G;  O = NS_5(G + mu B) (Nesterov);  X <- (1 - lr wd) X - lr sqrt(max(1, m/n)) O.
+It is the full-rank (r = min(m, n)) reference of Orth-Dion. It does not synchronize itself: use it with
+an ordinary gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from .groups import param_groups
+from .registry import register
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimizer over groups routed by `algorithm`: "muon" groups step with torch.optim.Muon, "adamw" groups
+    with torch.optim.AdamW (lr `adamw_lr`, or `lr`). Both share this optimizer's group dicts and state, so
+    schedulers, state_dict() and load_state_dict() see one optimizer."""
+
+    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
+                 adjust_lr_fn: str | None = None, weight_decay: float = 0.01, adamw_lr: float | None = None,
+                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8):
+        groups = [dict(g) for g in params]
+        unknown = sorted({g.get("algorithm") for g in groups} - {"muon", "adamw"})
+        if unknown:
+            raise ValueError(f"MuonAdamW: param groups need algorithm 'muon' or 'adamw', got {unknown}")
+        muon_groups = [g for g in groups if g["algorithm"] == "muon"]
+        adamw_groups = [g for g in groups if g["algorithm"] == "adamw"]
+        self._inner: list[torch.optim.Optimizer] = []
+        if muon_groups:
+            self._inner.append(torch.optim.Muon(muon_groups, lr=lr, weight_decay=weight_decay, momentum=momentum,
+                                                nesterov=nesterov, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn))
+        if adamw_groups:
+            self._inner.append(torch.optim.AdamW(adamw_groups, lr=lr if adamw_lr is None else adamw_lr,
+                                                 betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(groups, {})
+        self._share_groups_and_state()
+
+    def _share_groups_and_state(self) -> None:
+        """Point each inner optimizer at this optimizer's group dicts (by algorithm) and state."""
+        for inner in self._inner:
+            algorithm = "muon" if isinstance(inner, torch.optim.Muon) else "adamw"
+            inner.param_groups = [g for g in self.param_groups if g["algorithm"] == algorithm]
+            inner.state = self.state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._share_groups_and_state()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for inner in self._inner:
+            inner.step()
+        return loss
+
+
+@dataclass(frozen=True)
+class MuonOptions:
+    lr: float = 0.02
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    adjust_lr_fn: str | None = None
+    weight_decay: float = 0.01
+    adamw_lr: float | None = None
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+
+
+@register("muon", MuonOptions)
+def build_muon(opts: MuonOptions, model) -> MuonAdamW:
+    options = {f.name: getattr(opts, f.name) for f in fields(opts)}
+    return MuonAdamW(param_groups(model, "muon", opts.weight_decay), **options)
