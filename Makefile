@@ -3,7 +3,7 @@ STAMP   := .venv/.installed
 export HF_HOME := $(CURDIR)/.cache/hf
 export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 
-.PHONY: install test train bench accounting lordo_methods dion_methods clean
+.PHONY: install test train bench accounting lordo_methods dion_methods figures clean
 
 install: $(STAMP)
 
@@ -35,6 +35,10 @@ accounting: install
 PRESET ?= cpu
 lordo_methods dion_methods: install
 	$(PY) -m lowcomm.experiment experiments/$@/config.yaml $(PRESET)
+
+# Figures from the stored results: paper_figures/<experiment>_<preset>.{png,pdf}.
+figures: install
+	$(PY) paper_figures/make_figures.py
 
 clean:
 	rm -rf .venv .cache runs
