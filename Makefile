@@ -29,7 +29,7 @@ bench: install
 
 # Analytic bytes on the wire per worker per step at the paper sizes.
 accounting: install
-	$(PY) -m lowcomm.distributed.accounting
+	$(PY) -m lowcomm.distributed.accounting --out results/communication/analytic_paper_sizes.csv
 
 # Experiments: results/<name>/<preset>/ (PRESET=cpu by default; PRESET=smoke for a quick check).
 PRESET ?= cpu

@@ -69,8 +69,8 @@ def aggregate(runs_dir: Path, labels: list[str], baselines: list[str]) -> pd.Dat
     """Mean and standard deviation over seeds of the final validation loss and perplexity, bytes on the wire per
     worker per step, optimizer-state bytes; ratios of bytes per step to each baseline; the commits involved."""
     runs = run_rows(runs_dir)
-    numeric = [c for c in runs.columns
-               if c.startswith(("final_val", "bytes_per_step/", "memory/", "tokens_per_s", "spectral/"))]
+    numeric = [c for c in runs.columns if c.startswith(
+        ("final_val", "bytes_per_step/", "memory/", "tokens_per_s", "spectral/", "subspace/", "update_rms/"))]
     grouped = runs.groupby("label")
     table = grouped[numeric].mean()
     for col in ("final_val_loss", "final_val_ppl"):
@@ -87,8 +87,8 @@ def aggregate(runs_dir: Path, labels: list[str], baselines: list[str]) -> pd.Dat
 def write_table(table: pd.DataFrame, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "table.csv")
-    shown = [c for c in table.columns if c == "seeds" or c.startswith(
-        ("final_val", "bytes_per_step/total", "bytes_ratio", "memory/", "spectral/"))]
+    shown = [c for c in table.columns if c in ("seeds", "memory/moments_bytes", "spectral/nu_mean")
+             or c.startswith(("final_val", "bytes_per_step/total", "bytes_ratio", "subspace/"))]
     (out / "table.md").write_text(table[shown].to_markdown(floatfmt=".4g") + "\n")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -219,15 +220,30 @@ def paper_table(steps: int, bytes_per_element: int = 4) -> list[dict[str, Any]]:
     return rows
 
 
+def write_rows(rows: list[dict[str, Any]], path: str) -> None:
+    """The paper table as CSV, each row stamped with the code's commit and the settings it assumes."""
+    import pandas as pd
+
+    from ..results import git_commit
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    settings = dict(world_size=PAPER_WORLD_SIZE, sync_every=PAPER_SYNC_EVERY, lowrank_ddp_refresh=LOWRANK_DDP_REFRESH,
+                    bytes_per_element=4, git_commit=git_commit())
+    pd.DataFrame([{**row, **settings} for row in rows]).to_csv(path, index=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000, help="steps over which one-offs are amortized")
+    parser.add_argument("--out", help="also write the rows to this CSV (with the git commit)")
     args = parser.parse_args(argv)
     print("Bytes on the wire per worker per step, fp32 (4 bytes per number; bf16 halves every figure, ratios "
           f"unchanged),\nM = {PAPER_WORLD_SIZE} workers (ring all-reduce: 2(M-1)/M x payload), "
           f"K = K_u = K_v = {PAPER_SYNC_EVERY}, "
           f"r = d/8, lowrank_ddp refresh T = {LOWRANK_DDP_REFRESH}; amortized over {args.steps} steps.\n")
     rows = paper_table(args.steps)
+    if args.out:
+        write_rows(rows, args.out)
     print(f"{'size':<11} {'r':>4} {'method':<18} {'steady MB':>11} {'amortized MB':>13} {'ddp / method':>13}")
     for row in rows:
         print(f"{row['size']:<11} {row['rank']:>4} {row['method']:<18} {row['steady_mb']:>11.3f} "
