@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import torch
