@@ -56,6 +56,12 @@ SIZES: dict[str, ModelConfig] = {
 }
 
 
+def model_config_from(section) -> ModelConfig:
+    """The ModelConfig of a config's `model` section: its named `size` with the section's non-None overrides."""
+    overrides = {k: v for k, v in dict(section).items() if k != "size"}
+    return model_config(section["size"], **overrides)
+
+
 def model_config(size: str, **overrides) -> ModelConfig:
     """The named size `size` with any field replaced by `overrides` (None values are ignored)."""
     if size not in SIZES:

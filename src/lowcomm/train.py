@@ -17,15 +17,14 @@ from .config import ConfigError, load_config
 from .data import DataUnavailable, offline_streams, require_package
 from .distributed.options import sync_options
 from .distributed.sync import check_optimizer
-from .model import Transformer, model_config
+from .model import Transformer, model_config_from
 from .optim import build_optimizer
 
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError naming the key and the fix for anything that would fail after start-up."""
-    overrides = {k: v for k, v in OmegaConf.to_container(cfg.model).items() if k != "size"}
     try:
-        mcfg = model_config(cfg.model.size, **overrides)
+        mcfg = model_config_from(cfg.model)
         sync = sync_options(OmegaConf.to_container(cfg.sync))
         with torch.device("meta"):  # the optimizer is built on a weightless model: ranks, groups, method fit
             optimizer = build_optimizer(OmegaConf.to_container(cfg.optim), Transformer(mcfg))

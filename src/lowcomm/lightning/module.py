@@ -12,16 +12,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from ..data import PackedSequences, ShardSampler, StreamingPacked, load_tokenizer, offline_streams, smollm_mixture
-from ..data import SMOLLM_TOKENIZER
-from ..model import Transformer, model_config
+from ..data import (SMOLLM_TOKENIZER, PackedSequences, ShardSampler, StreamingPacked, load_tokenizer, offline_streams,
+                    smollm_mixture)
+from ..model import Transformer, model_config_from
 from ..optim import build_optimizer
 from ..results import RunDirectory, environment
-
-
-def model_from_config(cfg: DictConfig) -> Transformer:
-    overrides = {k: v for k, v in OmegaConf.to_container(cfg.model).items() if k != "size"}
-    return Transformer(model_config(cfg.model.size, **overrides))
 
 
 def lr_lambda(warmup: int, steps: int, min_ratio: float):
@@ -45,7 +40,7 @@ class LanguageModelTask(L.LightningModule):
         self.cfg = cfg
         self.run_dir = run_dir
         self.run: RunDirectory | None = None  # rank 0 only, created in setup()
-        self.model = model_from_config(cfg)
+        self.model = Transformer(model_config_from(cfg.model))
         self.val_history: list[tuple[int, float]] = []
         self._last_time: float | None = None
         self._last_step = 0
@@ -146,8 +141,7 @@ class LanguageModelTask(L.LightningModule):
         row = {}
         if step % t.log_every == 0 or step == t.steps:
             now = time.perf_counter()
-            tokens = (step - self._last_step) * self.cfg.data.batch_size * self.cfg.data.context * self.trainer.world_size
-            tps = tokens / max(now - self._last_time, 1e-9)
+            tps = (step - self._last_step) * self.tokens_per_step / max(now - self._last_time, 1e-9)
             self._last_time, self._last_step = now, step
             self.log("tok/s", tps, prog_bar=True, logger=False, rank_zero_only=True)
             row.update(loss=float(outputs["loss"]), lr=self.lr_schedulers().get_last_lr()[0], tokens_per_s=tps)
@@ -164,7 +158,7 @@ class LanguageModelTask(L.LightningModule):
         if self.run is None:
             return
         steps, final = self.val_history[-1]
-        tokens = (steps - self._first_step) * self.cfg.data.batch_size * self.cfg.data.context * self.trainer.world_size
+        tokens = (steps - self._first_step) * self.tokens_per_step
         torch.save({"model": self.model.state_dict(), "model_config": self.model.cfg}, self.run.path / "model.pt")
         self.run.write_record({
             **environment(self.cfg.train.accelerator),
@@ -191,7 +185,11 @@ class LanguageModelTask(L.LightningModule):
         gathered = self.trainer.strategy.all_gather(local)
         return bool((gathered == gathered.reshape(-1)[0]).all())
 
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens per optimizer step, over all workers."""
+        return self.cfg.data.batch_size * self.cfg.data.context * self.trainer.world_size
+
     def step_metrics(self) -> dict:
-        """Extra per-step metrics (communication, optimizer state) supplied by the training strategy."""
-        metrics = getattr(self.trainer.strategy, "metrics", None)
-        return metrics() if callable(metrics) else {}
+        """Per-step metrics of the sync strategy: communication, optimizer state, update terms, nu_t."""
+        return self.trainer.strategy.metrics()
