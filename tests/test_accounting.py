@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from lowcomm.distributed.accounting import (
@@ -109,15 +111,28 @@ def test_bad_method_options_fail(options, match):
         analytic_bytes_per_step(options, SHAPES, M)
 
 
-def test_paper_table_reproduces_the_claimed_ratios_in_size():
+@pytest.mark.parametrize("size, rank", [("lordo-125m", 96), ("lordo-720m", 256)])
+def test_paper_table_ratios_equal_the_closed_forms(size, rank):
+    """ddp / lordo = K P / (P + 2 S) and lowrank_ddp / lordo = K (S + O + L / T) / (P + 2 S), with P all numbers, L
+    the matrices', O the rest, S = sum r max(a, b) one rank-r projection of every matrix, K = 32, T = 200."""
     rows = {(r["size"], r["method"]): r for r in paper_table(steps=10_000)}
-    for size in ("lordo-125m", "lordo-720m"):
-        ddp, lowrank_ddp, lordo = (rows[size, m]["steady_mb"] for m in ("ddp", "lowrank_ddp", "lordo"))
-        assert 20 < ddp / lordo < 32  # paper: about 25x (K = 32 bounds it; the moments cost the rest)
-        assert 5 < lowrank_ddp / lordo < 15  # paper: about 10x
-        assert rows[size, "lordo"]["amortized_mb"] > rows[size, "lordo"]["steady_mb"]  # D1 amortized in
+    ddp, lowrank_ddp, lordo = (rows[size, m]["steady_mb"] for m in ("ddp", "lowrank_ddp", "lordo"))
+    shapes = model_shapes(size)
+    matrices = sum(a * b for a, b in shapes.lowrank)
+    rest = sum(math.prod(s) for s in shapes.other)
+    projection = sum(rank * max(a, b) for a, b in shapes.lowrank)
+    k, t = 32, 200
+    assert ddp / lordo == pytest.approx(k * (matrices + rest) / (matrices + rest + 2 * projection), rel=1e-12)
+    assert lowrank_ddp / lordo == pytest.approx(
+        k * (projection + rest + matrices / t) / (matrices + rest + 2 * projection), rel=1e-12)
+    assert rows[size, "lordo"]["amortized_mb"] > rows[size, "lordo"]["steady_mb"]  # D1 amortized in
+
+
+def test_paper_model_shapes_have_separate_attention_projections():
     shapes = model_shapes("lordo-125m")
-    assert sum(a * b for a, b in shapes.lowrank) == 12 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072)
+    assert sorted(shapes.lowrank) == sorted([(768, 768)] * 48 + [(3072, 768)] * 12 + [(768, 3072)] * 12)
+    assert sum(math.prod(s) for s in shapes.other) == 50_368 * 768 + 25 * 768
+    rows = {(r["size"], r["method"]): r for r in paper_table(steps=10_000)}
     assert rows["lordo-125m", "ddp"]["steady_mb"] == pytest.approx(
         1.5 * 4 * (sum(a * b for a, b in shapes.lowrank) + 50_368 * 768 + 25 * 768) / 1e6)
 

@@ -307,15 +307,67 @@ def test_single_process_communicator_sends_nothing():
 
 # ------------------------------------------------------------------ Ada-Orth-Dion
 
+@pytest.mark.parametrize("fraction, r_min, shape, bounds", [
+    (0.5, 16, (256, 128), (16, 64)),
+    (0.3, 16, (200, 100), (16, 30)),  # r_cap = ceil(0.3 * 100), not rounded to a multiple of 8
+    (0.25, 16, (80, 80), (16, 20)),
+    (0.25, 16, (64, 64), (16, 16)),
+    (0.1, 16, (64, 64), (7, 7)),  # r_min > r_cap: r_min = r_cap
+])
+def test_rank_bounds_follow_the_spec(fraction, r_min, shape, bounds):
+    assert rank_bounds(fraction, r_min, *shape) == bounds
+
+
 def test_rank_controller_rule():
-    assert rank_bounds(0.5, 16, 256, 128) == (16, 64)
-    assert rank_bounds(0.3, 13, 200, 100) == (16, 24)  # r_cap 30 -> 24, r_min 13 -> 16
     assert next_rank(64, erank_ema=1.0, gamma=2.0, low=16, high=64) == 56  # shrink by at most 8
     assert next_rank(16, erank_ema=100.0, gamma=2.0, low=16, high=64) == 32  # grow by at most 16
     assert next_rank(40, erank_ema=21.0, gamma=2.0, low=16, high=64) == 40  # target 42 -> 40
     assert next_rank(40, erank_ema=22.5, gamma=2.0, low=16, high=64) == 48  # target 45 -> 48
     assert next_rank(56, erank_ema=30.0, gamma=2.0, low=16, high=64) == 64  # target 60 -> 64
     assert next_rank(24, erank_ema=0.5, gamma=2.0, low=16, high=24) == 16
+    assert next_rank(16, erank_ema=40.0, gamma=2.0, low=16, high=30) == 30  # target 80 -> 30 -> 32 -> 30: r_cap
+    assert next_rank(30, erank_ema=11.0, gamma=2.0, low=16, high=30) == 24  # target 22 -> 24
+
+
+@pytest.mark.parametrize("shape, fraction, cap", [((200, 100), 0.3, 30), ((80, 80), 0.25, 20), ((64, 64), 0.5, 32)])
+def test_adaptive_rank_starts_at_the_cap_and_adapts_below_it(shape, fraction, cap):
+    """A buffer with a fast-decaying spectrum (effective rank about 3) drives the rank from r_cap down to r_min;
+    the active rank share is r / r_cap with the spec's r_cap."""
+    x, opt = matrix_and_optimizer(shape, normalization="qr", adaptive_rank=True, rank_fraction=fraction, r_min=16)
+    assert opt.state[x]["Q"].shape[1] == cap
+    generator = torch.Generator().manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(shape[0], min(shape), generator=generator))
+    v, _ = torch.linalg.qr(torch.randn(shape[1], min(shape), generator=generator))
+    spectrum = 0.5 ** torch.arange(min(shape), dtype=torch.float32)
+    ranks = []
+    for _ in range(12):
+        x.grad = u @ torch.diag(spectrum) @ v.T
+        opt.step()
+        ranks.append(opt.state[x]["Q"].shape[1])
+    assert ranks[0] == cap and ranks[-1] == 16
+    assert opt.spectral_stats()["active_rank_share"] == pytest.approx(16 / cap)
+
+
+def test_shrinking_keeps_the_strongest_directions():
+    """Q spans the buffer's top-24 right singular vectors in a random order; after a shrink to 16 the kept
+    columns span the top 16 (leading columns of an unordered basis would not)."""
+    m, n = 64, 48
+    x, opt = matrix_and_optimizer((m, n), normalization="qr", adaptive_rank=True, rank_fraction=0.5, r_min=8)
+    generator = torch.Generator().manual_seed(3)
+    u, _ = torch.linalg.qr(torch.randn(m, n, generator=generator))
+    v, _ = torch.linalg.qr(torch.randn(n, n, generator=generator))
+    spectrum = 0.7 ** torch.arange(n, dtype=torch.float32)
+    mixing, _ = torch.linalg.qr(torch.randn(24, 24, generator=generator))
+    state = opt.state[x]
+    state["momentum"].copy_(u @ torch.diag(spectrum) @ v.T)
+    state["Q"] = v[:, :24] @ mixing
+    for _ in range(2):  # the shrink decided at the first step takes effect at the second
+        x.grad = torch.zeros_like(x)
+        opt.step()
+    kept = state["Q"]
+    assert kept.shape[1] == 16
+    angles = torch.linalg.svdvals(v[:, :16].T.double() @ kept.double()).clamp(max=1).arccos()
+    assert angles.max() < 1e-3
 
 
 def test_adaptive_rank_falls_for_low_rank_gradients_and_recovers():

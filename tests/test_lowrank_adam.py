@@ -80,19 +80,26 @@ def test_full_rank_identity_basis_equals_adamw(shape, basis_kind):
             torch.testing.assert_close(a, b_, atol=1e-6, rtol=0)
 
 
-def test_rotated_full_rank_basis_is_not_adamw():
-    """Adam is not rotation-invariant: a generic orthonormal Q of full rank gives a different trajectory."""
+def test_rotated_full_rank_basis_is_adam_in_rotated_coordinates():
+    """With a generic orthonormal Q of full rank (left side), no error feedback and omega = 1, the step is AdamW on
+    X = Q^T W with gradients Q^T G, so W = Q X; Adam is not rotation-invariant, so this differs from AdamW on W."""
     W = torch.randn(6, 6, generator=gen(4))
-    ours, theirs = W.clone().requires_grad_(), W.clone().requires_grad_()
+    Q = orthonormal(6, 6, seed=5)
+    ours, plain = W.clone().requires_grad_(), W.clone().requires_grad_()
+    rotated = (Q.T @ W).requires_grad_()
     opt = matrix_optimizer(ours, 6, lr=1e-2, omega=1.0, error_feedback=False)
-    opt.set_basis(ours, orthonormal(6, 6, seed=5))
-    ref = torch.optim.AdamW([theirs], lr=1e-2, betas=BETAS, weight_decay=0.0)
+    opt.set_basis(ours, Q)
+    assert projection_side(tuple(W.shape)) == "left"
+    rotated_adamw = torch.optim.AdamW([rotated], lr=1e-2, betas=BETAS, weight_decay=0.0)
+    plain_adamw = torch.optim.AdamW([plain], lr=1e-2, betas=BETAS, weight_decay=0.0)
     g = gen(6)
     for _ in range(5):
         grad = torch.randn(6, 6, generator=g)
         step_with(opt, [ours], [grad])
-        step_with(ref, [theirs], [grad])
-    assert (ours - theirs).abs().max() > 1e-4
+        step_with(rotated_adamw, [rotated], [Q.T @ grad])
+        step_with(plain_adamw, [plain], [grad])
+    torch.testing.assert_close(ours.detach(), Q @ rotated.detach(), atol=1e-5, rtol=0)
+    assert (ours - plain).abs().max() > 1e-3
 
 
 # ------------------------------------------------------------------------- closed forms of one step

@@ -1,5 +1,6 @@
 """Every method preset trains end to end through Lightning on 2 gloo workers and ends with identical replicas."""
 
+import csv
 import json
 
 import pytest
@@ -19,12 +20,25 @@ def run_method(tmp_path, method):
     return json.loads((train(load_config(None, overrides)) / "record.json").read_text())
 
 
+def subspace_angles(run_dir) -> dict[int, float]:
+    """Largest principal angle between consecutive global bases, by the step of each change of basis."""
+    with open(run_dir / "metrics.csv") as f:
+        return {int(r["step"]): float(r["subspace/max_angle"]) for r in csv.DictReader(f)
+                if r.get("subspace/max_angle")}
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_method_learns_and_keeps_replicas_identical(tmp_path, method):
     record = run_method(tmp_path, method)
     assert record["replicas_identical"] is True
     assert record["final_val_loss"] < record["initial_val_loss"]
     assert record["bytes_per_step/total"] > 0
+    assert 0 <= record["clip/fraction"] <= 1
+    angles = subspace_angles(tmp_path / method)
+    if method == "lordo_global_noqh":  # every update in range(Q): the subspace stays put at every sync
+        assert sorted(angles) == [8, 16] and max(angles.values()) < 1e-2, angles
+    elif method == "lordo":  # the full-rank term moves it
+        assert sorted(angles) == [8, 16] and min(angles.values()) > 0.1, angles
 
 
 def test_dion_family_sends_factors_not_matrix_gradients(tmp_path):
@@ -33,3 +47,5 @@ def test_dion_family_sends_factors_not_matrix_gradients(tmp_path):
     assert sent == {"bytes_per_step/factor", "bytes_per_step/gradient"}
     assert orth["bytes_per_step/total"] < ddp["bytes_per_step/total"]
     assert orth["spectral/nu_max"] == pytest.approx(1.0, abs=1e-5)
+    per_matrix = {k.removeprefix("spectral/nu/") for k in orth if k.startswith("spectral/nu/")}
+    assert {"blocks.0.attn.q.weight", "blocks.0.attn.k.weight", "blocks.0.attn.v.weight"} <= per_matrix

@@ -1,7 +1,9 @@
+import math
+
 import pytest
 import torch
 
-from lowcomm.model import SIZES, Transformer, model_config, parameter_count
+from lowcomm.model import SIZES, Transformer, apply_rope, model_config, parameter_count, rope_tables
 
 
 def test_causality_future_token_does_not_change_past_logits():
@@ -47,5 +49,28 @@ def test_unknown_size_names_the_choices():
 def test_hidden_matrices_are_attention_and_mlp_weights():
     model = Transformer(model_config("smoke", mlp="swiglu"))
     names = [n for n, _ in model.hidden_matrices()]
-    assert len(names) == model.cfg.n_layers * 5
-    assert all(n.startswith("blocks.") and n.endswith("weight") for n in names)
+    per_layer = ["attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.proj.weight", "mlp.up.weight",
+                 "mlp.gate.weight", "mlp.down.weight"]  # q, k, v separate: each its own matrix for the optimizers
+    assert names == [f"blocks.{i}.{n}" for i in range(model.cfg.n_layers) for n in per_layer]
+    d = model.cfg.d_model
+    assert all(p.shape == (d, d) for n, p in model.hidden_matrices() if ".attn." in n)
+
+
+def test_attention_equals_a_per_head_reference():
+    """Separate q, k, v projections: head h uses rows h*hd..(h+1)*hd of each, RoPE on q and k, causal softmax."""
+    torch.manual_seed(0)
+    cfg = model_config("smoke")
+    attn = Transformer(cfg).blocks[0].attn
+    x = torch.randn(2, 10, cfg.d_model)
+    cos, sin = rope_tables(cfg.d_model // cfg.n_heads, 10, cfg.rope_theta)
+    hd = cfg.d_model // cfg.n_heads
+    heads = []
+    for h in range(cfg.n_heads):
+        rows = slice(h * hd, (h + 1) * hd)
+        q, k, v = (x @ w.weight[rows].T for w in (attn.q, attn.k, attn.v))
+        q, k = apply_rope(q.unsqueeze(1), cos, sin).squeeze(1), apply_rope(k.unsqueeze(1), cos, sin).squeeze(1)
+        scores = (q @ k.transpose(1, 2)) / math.sqrt(hd)
+        scores = scores.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf"))
+        heads.append(scores.softmax(-1) @ v)
+    expected = torch.cat(heads, dim=-1) @ attn.proj.weight.T
+    torch.testing.assert_close(attn(x, cos, sin), expected, atol=1e-5, rtol=1e-5)

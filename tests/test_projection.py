@@ -114,6 +114,29 @@ def test_rotation_within_the_subspace_closed_form():
     torch.testing.assert_close(v_new, v.mean(dim=0, keepdim=True).expand(2, 4), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("shape", [(6, 9), (9, 6)])
+def test_rotation_by_a_random_orthogonal_matrix_closed_form(shape):
+    """t equal projected gradients g give uh = g, vh = g^2 (no variance). In a basis rotated by a random orthogonal
+    R (Q_new = Q_old R^T, so Q_new^T Q_old = R) the same history has uh = R g and vh = (R g)^2: the rule must give
+    both. Zeroed moments, or (R o R) vh without the u-correction, give something else."""
+    side, r, t, betas = projection_side(shape), 4, 7, (0.9, 0.95)
+    Q_old = orthonormal(min(shape), r, seed=20)
+    R = orthonormal(r, r, seed=21)
+    Q_new = Q_old @ R.T
+    g = torch.randn((r, shape[1]) if side == "left" else (shape[0], r), generator=torch.Generator().manual_seed(22))
+    c1, c2 = (1 - b**t for b in betas)
+
+    def apply(matrix, x):
+        return matrix @ x if side == "left" else x @ matrix.T
+
+    u_new, v_new = rotate_moments(c1 * g, c2 * g.square(), Q_old, Q_new, side, step=t, betas=betas)
+    torch.testing.assert_close(u_new, c1 * apply(R, g), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(v_new, c2 * apply(R, g).square(), atol=1e-6, rtol=1e-5)
+    without_u_correction = c2 * apply(R * R, g.square())
+    assert (without_u_correction - v_new).abs().max() > 0.1 * v_new.abs().max()
+    assert u_new.abs().max() > 0.1 and v_new.abs().max() > 0.1  # zeroing would fail the closed form
+
+
 @pytest.mark.parametrize("bias_correction, expected_v", [(True, [3.5, 6.5]), (False, [0.5, 2.5])])
 def test_rotation_acts_on_bias_corrected_moments(bias_correction, expected_v):
     """Step 1, betas (0.9, 0.95), u = [1, 1], v = [2, 1], R = [[c, -c], [c, c]] with c = 1/sqrt(2).

@@ -11,6 +11,7 @@ from collections import defaultdict
 import pytest
 import torch
 
+from lowcomm.config import METHODS_DIR, load_config
 from lowcomm.distributed.accounting import analytic_bytes_at, param_shapes
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.options import METHODS as METHOD_TABLE
@@ -75,9 +76,8 @@ def train_step(model, optimizer, engine, step: int, rank: int, clip: float | Non
     optimizer.zero_grad(set_to_none=True)
     loss = model.loss(x, y)
     loss.backward()
-    engine.before_optimizer_step(step)
-    if clip is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    engine.before_optimizer_step(step, None if clip is None else
+                                 lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
     optimizer.step()
     engine.after_optimizer_step(step)
     return loss.item()
@@ -259,18 +259,31 @@ def test_one_worker_runs_every_method_without_a_process_group(method):
 def test_metrics_report_state_memory_update_rms_and_subspace_movement():
     model, optimizer, engine = build("lordo", Communicator())
     engine.setup()
-    assert math.isnan(engine.metrics()["subspace/max_angle"])
+    assert "subspace/max_angle" not in engine.metrics()
     for t in range(1, 2 * K + 1):
         train_step(model, optimizer, engine, t, 0)
+        assert engine.basis_changed(t) == (t % K == 0)  # at every sync; step 1 (D1) has no earlier basis
     m = engine.metrics()
     state = optimizer.state_bytes()
     assert m["memory/moments_bytes"] == state["moments"] > 0
     assert m["memory/anchor_bytes"] == sum(p.numel() * 4 for p in model.parameters())
     assert m["update_rms/full"] > 0 and m["update_rms/low"] > 0
     assert 0 < m["subspace/mean_angle"] <= m["subspace/max_angle"] <= math.pi / 2 + 1e-6
+    per_matrix = {k.removeprefix("subspace/angle/"): v for k, v in m.items() if k.startswith("subspace/angle/")}
+    assert sorted(per_matrix) == sorted(n for n, _ in model.hidden_matrices())
+    assert max(per_matrix.values()) == m["subspace/max_angle"]
     assert m["comm/pseudo_gradient_bytes"] == 0.0  # one worker: nothing on the wire
     adamw_model, adamw, adamw_engine = build("local_adam", Communicator())
     adamw_engine.setup()
     train_step(adamw_model, adamw, adamw_engine, 1, 0)
     moments = 2 * sum(p.numel() * 4 for p in adamw_model.parameters())
     assert adamw_engine.metrics()["memory/adamw_moments_bytes"] == moments
+
+
+def test_stagnating_preset_and_the_stagnation_tests_agree_on_weight_decay():
+    """The shipped lordo_global_noqh is the exact stagnating variant (omega = 1, weight decay 0) that the
+    stagnation tests use, also when loaded through the training config."""
+    cfg = load_config(str(METHODS_DIR.parents[0] / "train" / "config.yaml"), ["method=lordo_global_noqh"])
+    _, optim_cfg = METHODS["lordo_global_noqh"]
+    assert cfg.optim.weight_decay == optim_cfg["weight_decay"] == 0.0
+    assert cfg.optim.omega == optim_cfg["omega"] == 1.0

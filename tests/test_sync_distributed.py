@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_sync import METHODS, analytic_options, build, train_step
+from test_sync import METHODS, analytic_options, batch, build, train_step
 
 from lowcomm.distributed.accounting import analytic_bytes_at, param_shapes, setup_bytes
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.sync import build_sync_engine
 from lowcomm.model import Transformer, model_config
+from lowcomm.optim.projection import principal_angles, projection_side, top_basis
 
 WORLD = 2
 K = 4
@@ -83,12 +84,39 @@ def resume_runs(method: str, rank: int, tmp: str, at: int = K, steps: int = 2 * 
     return losses[at:], resumed
 
 
+CLIP = 1e-3  # binds on both workers, with different scales
+
+
+def first_basis(rank: int) -> dict:
+    """LoRDO's first basis (D1) as installed, and the top-r bases of the mean clipped and mean raw gradients."""
+    comm = Communicator()
+    model, optimizer, engine = build("lordo", comm)
+    engine.setup()
+    x, y = batch(rank, 1)
+    model.loss(x, y).backward()
+    raw = [p.grad.detach().clone() for p in optimizer.lowrank_params()]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    clipped = [g * (CLIP / (norm + 1e-6)) for g in raw]  # clip_grad_norm_'s scale
+    for g in raw + clipped:
+        dist.all_reduce(g)
+        g.div_(WORLD)
+    engine.before_optimizer_step(1, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP))
+    rank_r = optimizer.param_groups[0]["rank"]
+
+    def bases(gs):
+        return [top_basis(g, rank_r, projection_side(g.shape)) for g in gs]
+
+    installed = [optimizer.state[p]["basis"].clone() for p in optimizer.lowrank_params()]
+    return {"installed": installed, "clipped": bases(clipped), "raw": bases(raw)}
+
+
 def worker(rank: int, tmp: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=WORLD)
     try:
         out = {"methods": {m: run_method(m, rank) for m in METHODS}, "sgd": sgd_runs(rank),
-               "resume": {m: resume_runs(m, rank, tmp) for m in ("lordo", "local_adam")}}
+               "resume": {m: resume_runs(m, rank, tmp) for m in ("lordo", "local_adam")},
+               "first_basis": first_basis(rank)}
         torch.save(out, os.path.join(tmp, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -154,3 +182,12 @@ def test_resume_at_a_sync_point_reproduces_the_uninterrupted_losses(ranks, metho
         uninterrupted, resumed = r["resume"][method]
         assert len(resumed) == len(uninterrupted) > K
         torch.testing.assert_close(torch.tensor(resumed), torch.tensor(uninterrupted), rtol=0, atol=1e-6)
+
+
+def test_first_basis_comes_from_the_clipped_gradient(ranks):
+    """D1: Q of step 1 is the top-r basis of the mean of the clipped local gradients the optimizer then uses."""
+    for r in ranks:
+        basis = r["first_basis"]
+        to_clipped = max(principal_angles(a, b).max().item() for a, b in zip(basis["installed"], basis["clipped"]))
+        to_raw = max(principal_angles(a, b).max().item() for a, b in zip(basis["installed"], basis["raw"]))
+        assert to_clipped < 1e-2 and to_clipped < 0.1 * to_raw, (to_clipped, to_raw)  # fp32 rounding vs clipping

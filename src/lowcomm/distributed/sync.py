@@ -9,13 +9,13 @@ One engine, parts switched on by the method (options.METHODS):
 The caller's loop, with t counted from 1:
     engine.setup()
     for t in 1, 2, ...:
-        backward; engine.before_optimizer_step(t); clip; optimizer.step(); engine.after_optimizer_step(t)
+        backward; engine.before_optimizer_step(t, clip); optimizer.step(); engine.after_optimizer_step(t)
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -122,14 +122,16 @@ class MomentAverage:
 class GlobalBasis:
     """Q = top-r singular vectors of a matrix that is identical on every rank (an all-reduced G, or Delta), in fp32
     with fixed signs, so Q is identical on every rank (D13); installed by the optimizer's set_bases_from, which
-    moves the moments from the old Q to the new one (D4). Keeps the largest principal angle between the old and
-    the new Q of every matrix at the last change of basis (subspace movement)."""
+    moves the moments from the old Q to the new one (D4). Keeps, per matrix name, the largest principal angle
+    between the old and the new Q at the last change of basis (subspace movement) and the step of that change."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, comm: Communicator):
+    def __init__(self, optimizer: torch.optim.Optimizer, comm: Communicator, names: dict[int, str]):
         self.optimizer = optimizer
         self.comm = comm
         self.params = optimizer.lowrank_params()
-        self.angles: list[float] = []
+        self.names = [names[id(p)] for p in self.params]
+        self.angles: dict[str, float] = {}
+        self.changed_at = 0
 
     def missing(self) -> bool:
         """Whether some matrix has no basis yet (a fresh optimizer)."""
@@ -147,10 +149,11 @@ class GlobalBasis:
         """Q = top_basis(M) for each low-rank matrix's M (in lowrank_params() order)."""
         old = [self.optimizer.state[p].get("basis") for p in self.params]
         self.optimizer.set_bases_from(matrices)
-        angles = [principal_angles(q, self.optimizer.state[p]["basis"]).max().item()
-                  for p, q in zip(self.params, old) if q is not None]
+        angles = {name: principal_angles(q, self.optimizer.state[p]["basis"]).max().item()
+                  for name, p, q in zip(self.names, self.params, old) if q is not None}
         if angles:
             self.angles = angles
+            self.changed_at = self.comm.step
 
 
 class SyncEngine:
@@ -170,7 +173,8 @@ class SyncEngine:
         # all-reduces the other parameters' G.
         reduced = [p for p in self.params if id(p) not in lowrank_ids] if opts.projected_gradients else self.params
         self.gradients = GradientAllReduce(reduced, comm) if method.per_step_gradients else None
-        self.basis = GlobalBasis(optimizer, comm) if method.global_basis else None
+        names = {id(p): n for n, p in named}
+        self.basis = GlobalBasis(optimizer, comm, names) if method.global_basis else None
         self.lowrank_gradients_reduced = method.per_step_gradients and not opts.projected_gradients
         self.pseudo = (PseudoGradientSync(named, comm, opts.outer, opts.outer_lr, opts.outer_momentum)
                        if method.k_step else None)
@@ -203,13 +207,15 @@ class SyncEngine:
                              "optimizer step at a time")
         self.comm.step = step
 
-    def before_optimizer_step(self, step: int) -> None:
-        """After backward, before clipping and optimizer.step(): per-step gradient all-reduce (with projected
-        gradients it runs inside optimizer.step() instead); a new global Q from the all-reduced gradient when there
-        is none yet (D1) or at a lowrank_ddp refresh ((t - 1) % T == 0)."""
+    def before_optimizer_step(self, step: int, clip: Callable[[], None] | None = None) -> None:
+        """After backward, before optimizer.step(): per-step gradient all-reduce (with projected gradients it runs
+        inside optimizer.step() instead), then `clip` (the caller's gradient clipping), then a new global Q from the
+        all-reduced clipped gradient when there is none yet (D1) or at a lowrank_ddp refresh ((t - 1) % T == 0)."""
         self._enter(step)
         if self.gradients is not None and not self.opts.projected_gradients:
             self.gradients()
+        if clip is not None:
+            clip()
         if self.basis is not None:
             refresh = self.opts.method.global_basis == "gradient" and (step - 1) % self.opts.basis_refresh_every == 0
             if refresh or self.basis.missing():
@@ -226,6 +232,12 @@ class SyncEngine:
         if self.moments is not None:
             self.moments(step)
         self.step = step
+
+    def before_checkpoint(self) -> None:
+        """Make the optimizer state identical on every rank where the optimizer can (Dion averages its buffers)."""
+        synchronize = getattr(self.optimizer, "synchronize_for_checkpoint", None)
+        if synchronize is not None:
+            synchronize()
 
     def is_sync_step(self, step: int) -> bool:
         """Whether all replicas hold identical weights after step `step` (a checkpoint point)."""
@@ -258,11 +270,16 @@ class SyncEngine:
         if hasattr(self.optimizer, "last_update_rms"):
             for term, rms in self.optimizer.last_update_rms().items():
                 out[f"update_rms/{term}"] = float(rms)
-        if self.basis is not None:
+        if self.basis is not None and self.basis.angles and self.basis.changed_at == self.step:
             angles = self.basis.angles
-            out["subspace/max_angle"] = max(angles) if angles else math.nan
-            out["subspace/mean_angle"] = sum(angles) / len(angles) if angles else math.nan
+            out["subspace/max_angle"] = max(angles.values())
+            out["subspace/mean_angle"] = sum(angles.values()) / len(angles)
+            out.update({f"subspace/angle/{name}": angle for name, angle in angles.items()})
         return out
+
+    def basis_changed(self, step: int) -> bool:
+        """Whether a global basis with a measured subspace movement was installed at `step`."""
+        return self.basis is not None and bool(self.basis.angles) and self.basis.changed_at == step
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:

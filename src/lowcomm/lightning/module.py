@@ -132,14 +132,16 @@ class LanguageModelTask(L.LightningModule):
     def save_checkpoint_if_due(self, step: int) -> None:
         """Every run.checkpoint_every steps, at a sync point, each rank writes checkpoints/step<t>.rank<r>.ckpt."""
         every = self.cfg.run.checkpoint_every
-        if every and step % every == 0 and self.trainer.strategy.engine.is_sync_step(step):
+        engine = self.trainer.strategy.engine
+        if every and step % every == 0 and engine.is_sync_step(step):
+            engine.before_checkpoint()
             self.trainer.save_checkpoint(Path(self.run_dir) / "checkpoints" / f"step{step:06d}.ckpt")
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         step = self.global_step
         t = self.cfg.train
         row = {}
-        if step % t.log_every == 0 or step == t.steps:
+        if step % t.log_every == 0 or step == t.steps or self.trainer.strategy.engine.basis_changed(step):
             now = time.perf_counter()
             tps = (step - self._last_step) * self.tokens_per_step / max(now - self._last_time, 1e-9)
             self._last_time, self._last_step = now, step
@@ -174,6 +176,7 @@ class LanguageModelTask(L.LightningModule):
             "replicas_identical": identical,
             **self.step_metrics(),
             **self.trainer.strategy.bytes_per_step(),
+            "clip/fraction": self.trainer.strategy.clip_total.fraction(),
         })
 
     def replicas_identical(self) -> bool:

@@ -1,12 +1,18 @@
 """SyncStrategy: Lightning's DDP process management without DistributedDataParallel.
 
 The model is not wrapped; each optimizer step runs   backward -> engine.before_optimizer_step (e.g. gradient
-all-reduce) -> global-norm clipping -> optimizer.step() -> engine.after_optimizer_step (e.g. the K-step sync),
-with the sync engine of `cfg.sync` (lowcomm.distributed.sync) and every collective through one Communicator.
+all-reduce, then global-norm clipping, then a global basis where due) -> optimizer.step() ->
+engine.after_optimizer_step (e.g. the K-step sync), with the sync engine of `cfg.sync` (lowcomm.distributed.sync)
+and every collective through one Communicator.
+
+Clipping acts on the gradient the optimizer sees on this worker: the averaged gradient where the method all-reduces
+gradients before the step (ddp, muon), the local gradient otherwise (K-step methods; lowrank_ddp, whose projected
+gradients are averaged inside the step; Dion's family, which averages its factors inside the step).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +24,21 @@ from ..distributed.comm import Communicator
 from ..distributed.sync import SyncEngine, build_sync_engine
 
 
+@dataclass
+class ClipCounter:
+    """Steps taken and steps whose gradient norm exceeded the clipping threshold (clipping bound)."""
+
+    steps: int = 0
+    bound: int = 0
+
+    def add(self, bound: bool) -> None:
+        self.steps += 1
+        self.bound += int(bound)
+
+    def fraction(self) -> float:
+        return self.bound / self.steps if self.steps else 0.0
+
+
 class SyncStrategy(DDPStrategy):
     strategy_name = "lowcomm_sync"
 
@@ -26,6 +47,8 @@ class SyncStrategy(DDPStrategy):
         self.sync_cfg = OmegaConf.to_container(sync_cfg) if isinstance(sync_cfg, DictConfig) else dict(sync_cfg)
         self.clip = clip
         self.engine: SyncEngine | None = None
+        self.clip_since_log = ClipCounter()
+        self.clip_total = ClipCounter()
 
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -63,21 +86,33 @@ class SyncStrategy(DDPStrategy):
     def optimizer_step(self, optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
         loss = closure()
         step = self.lightning_module.global_step + 1
-        self.engine.before_optimizer_step(step)
-        if self.clip:
-            torch.nn.utils.clip_grad_norm_(self.lightning_module.model.parameters(), self.clip)
+        self.engine.before_optimizer_step(step, self._clip_gradients if self.clip else None)
         optimizer.step()
         self.engine.after_optimizer_step(step)
         return loss
 
+    def _clip_gradients(self) -> None:
+        norm = torch.nn.utils.clip_grad_norm_(self.lightning_module.model.parameters(), self.clip)
+        bound = bool(norm > self.clip)
+        self.clip_since_log.add(bound)
+        self.clip_total.add(bound)
+
     def metrics(self) -> dict[str, float]:
-        """The engine's metrics, plus nu_t and the active rank where the optimizer reports them (Dion family)."""
+        """The engine's metrics, the share of steps since the last call whose gradient was clipped (this worker's
+        gradient, see the module docstring), and nu_t and the rank (mean, max, per matrix by name) where the
+        optimizer reports them (Dion family)."""
         if self.engine is None:
             return {}
         out = self.engine.metrics()
-        stats = getattr(self.engine.optimizer, "spectral_stats", None)
-        if callable(stats):
-            out.update({f"spectral/{k}": float(v) for k, v in stats().items()})
+        if self.clip:
+            out["clip/fraction"] = self.clip_since_log.fraction()
+            self.clip_since_log = ClipCounter()
+        optimizer = self.engine.optimizer
+        if callable(getattr(optimizer, "spectral_stats", None)):
+            out.update({f"spectral/{k}": float(v) for k, v in optimizer.spectral_stats().items()})
+            for name, stats in optimizer.spectral_by_matrix().items():
+                out[f"spectral/nu/{name}"] = float(stats["nu"])
+                out[f"spectral/rank/{name}"] = float(stats["rank"])
         return out
 
     def bytes_per_step(self) -> dict[str, float]:

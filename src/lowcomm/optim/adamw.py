@@ -1,4 +1,8 @@
-"""Full-rank AdamW baseline: torch.optim.AdamW over the same parameter groups as every other method."""
+"""Full-rank AdamW: the baseline optimizer, and the AdamW part of every other optimizer.
+
+Every method steps its non-matrix parameters (embeddings, head, norms) with the same torch.optim.AdamW
+(foreach kernels), so the part all methods share is bit-identical across them.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,28 @@ class AdamWOptions:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1
+
+
+class AdamWPart:
+    """torch.optim.AdamW over the `algorithm="adamw"` groups of an outer optimizer, sharing its group dicts and
+    state (so schedulers, state_dict() and load_state_dict() of the outer optimizer cover it)."""
+
+    def __init__(self, outer: torch.optim.Optimizer, **defaults):
+        self.outer = outer
+        groups = self._groups()
+        # AdamW's own keys (amsgrad, foreach, ...) are set into the shared group dicts here, once.
+        self.inner = torch.optim.AdamW(groups, foreach=True, **defaults) if groups else None
+
+    def _groups(self) -> list[dict]:
+        return [g for g in self.outer.param_groups if g.get("algorithm") == "adamw"]
+
+    def step(self) -> None:
+        """One AdamW step of the groups' parameters that have gradients."""
+        if self.inner is None:
+            return
+        self.inner.param_groups = self._groups()  # the outer optimizer's load_state_dict replaces the group dicts
+        self.inner.state = self.outer.state
+        self.inner.step()
 
 
 @register("adamw", AdamWOptions)

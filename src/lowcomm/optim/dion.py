@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..distributed.comm import Communicator
+from .adamw import AdamWPart
 from .groups import param_groups
 from .registry import register
 from .spectral import dual_ky_fan_factor, effective_rank
@@ -101,12 +102,10 @@ def fixed_rank(rank_fraction: float, m: int, n: int) -> int:
 
 
 def rank_bounds(rank_fraction_max: float, r_min: int, m: int, n: int) -> tuple[int, int]:
-    """(low, high) for Ada-Orth-Dion: high = r_cap = ceil(rank_fraction_max * min(m, n)) rounded down to a
-    multiple of 8, low = r_min rounded up to a multiple of 8 and at most high (matrices with r_cap < 8 keep r_cap)."""
+    """(r_min, r_cap) of Ada-Orth-Dion: r_cap = ceil(rank_fraction_max * min(m, n)); r_min is lowered to r_cap
+    where it is larger."""
     cap = fixed_rank(rank_fraction_max, m, n)
-    high = cap - cap % RANK_QUANTUM if cap >= RANK_QUANTUM else cap
-    low = min(high, RANK_QUANTUM * math.ceil(r_min / RANK_QUANTUM))
-    return low, high
+    return min(r_min, cap), cap
 
 
 def _round_half_up(x: float) -> int:
@@ -115,12 +114,20 @@ def _round_half_up(x: float) -> int:
 
 def next_rank(rank: int, erank_ema: float, gamma: float, low: int, high: int) -> int:
     """The Ada-Orth-Dion controller: target = clamp(round(gamma * e), low, high), quantized to a multiple of 8
-    and clamped again; the rank moves towards it by at most +16 or -8."""
+    and clamped again (so the bounds themselves are reachable); the rank moves towards it by at most +16 or -8."""
     target = min(max(_round_half_up(gamma * erank_ema), low), high)
     target = min(max(RANK_QUANTUM * _round_half_up(target / RANK_QUANTUM), low), high)
     if target > rank:
         return min(target, rank + RANK_GROWTH_MAX)
     return max(target, rank - RANK_SHRINK_MAX)
+
+
+def strongest_directions(w: Tensor) -> Tensor:
+    """The left singular vectors of W = B^T P (n x r) in decreasing order of singular value, signs fixed (largest-
+    magnitude entry positive): an orthonormal basis of range(W), so of range(orth(W)), strongest direction first."""
+    u, _, _ = torch.linalg.svd(w.to(torch.promote_types(w.dtype, torch.float32)), full_matrices=False)
+    signs = _signs_of(u.gather(0, u.abs().argmax(dim=0, keepdim=True)).squeeze(0))
+    return u * signs
 
 
 def seeded_normal(rows: int, cols: int, *keys: int) -> Tensor:
@@ -181,6 +188,7 @@ class Dion(torch.optim.Optimizer):
         self.seed = seed
         self.communicator = communicator
         super().__init__(groups, defaults)
+        self._adamw = AdamWPart(self)
 
     # -- construction
 
@@ -237,23 +245,22 @@ class Dion(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         matrices, others = self._collect()
-        with _autocast_disabled({p.device.type for p, _ in others} | {mat.param.device.type for mat in matrices}):
+        with _autocast_disabled({p.device.type for p in others} | {mat.param.device.type for mat in matrices}):
             if self.distributed:
-                grads = [p.grad for p, _ in others] + [mat.param.grad for mat in matrices if not mat.compressed]
+                grads = [p.grad for p in others] + [mat.param.grad for mat in matrices if not mat.compressed]
                 self.communicator.all_reduce(grads, kind="gradient", op="mean")
             self._dion_step(matrices)
-            for p, group in others:
-                self._adamw_update(p, group)
+            self._adamw.step()
         return loss
 
-    def _collect(self) -> tuple[list[_MatrixStep], list[tuple[Tensor, dict]]]:
+    def _collect(self) -> tuple[list[_MatrixStep], list[Tensor]]:
         """The parameters with gradients: Dion matrices (pending rank changes applied) and AdamW parameters."""
         matrices, others = [], []
         for index, _, group, p in self._indexed_params():
             if p.grad is None:
                 continue
             if group["algorithm"] == "adamw":
-                others.append((p, group))
+                others.append(p)
                 continue
             state = self.state[p]
             state["step"] += 1
@@ -311,18 +318,23 @@ class Dion(torch.optim.Optimizer):
             self._update_rank(mat)
 
     def _update_rank(self, mat: _MatrixStep) -> None:
-        """e <- ema e + (1 - ema) erank(column norms of W); the next step runs at next_rank(r, e, ...)."""
+        """e <- ema e + (1 - ema) erank(column norms of W); the next step runs at next_rank(r, e, ...). Before a
+        shrink, Q = orth(W) is replaced by the same subspace's basis ordered by energy (strongest_directions)."""
         group, state = mat.group, mat.state
         erank = effective_rank(mat.W.norm(dim=0).double() + SINGULAR_VALUE_FLOOR)
         previous = state["erank"]
         ema = group["rank_ema"]
         state["erank"] = erank if previous.item() == 0 else ema * previous + (1 - ema) * erank
         low, high = rank_bounds(_rank_fraction_max(group), group["r_min"], *mat.param.shape)
-        rank = next_rank(state["Q"].shape[1], state["erank"].item(), group["rank_gamma"], low, high)
+        q = state["Q"]
+        rank = next_rank(q.shape[1], state["erank"].item(), group["rank_gamma"], low, high)
+        if rank < q.shape[1]:
+            state["Q"] = strongest_directions(mat.W).to(q.dtype)
         state["rank"] = torch.tensor(rank, dtype=torch.int64)
 
     def _apply_rank(self, state: dict, index: int) -> None:
-        """Resize Q to state["rank"]: keep the leading columns, or append fresh unit-norm Gaussian columns."""
+        """Resize Q to state["rank"]: keep the leading (strongest) columns, or append fresh unit-norm Gaussian
+        columns seeded by (seed, position, step)."""
         q, rank = state["Q"], int(state["rank"])
         if rank < q.shape[1]:
             state["Q"] = q[:, :rank].contiguous()
@@ -330,23 +342,6 @@ class Dion(torch.optim.Optimizer):
             fresh = column_normalize(seeded_normal(q.shape[0], rank - q.shape[1], self.seed, index,
                                                    int(state["step"])), eps=0.0)
             state["Q"] = torch.cat([q, fresh.to(q.device, q.dtype)], dim=1)
-
-    def _adamw_update(self, p: Tensor, group: dict) -> None:
-        """AdamW: m <- b1 m + (1-b1) g; v <- b2 v + (1-b2) g^2; X <- (1 - lr wd) X - lr m_hat / (sqrt(v_hat) + eps)."""
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        beta1, beta2 = group["betas"]
-        lr, grad = group["lr"], p.grad
-        state["step"] += 1
-        step = state["step"].item()
-        p.mul_(1 - lr * group["weight_decay"])
-        state["exp_avg"].lerp_(grad, 1 - beta1)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        denominator = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2**step)).add_(group["eps"])
-        p.addcdiv_(state["exp_avg"], denominator, value=-lr / (1 - beta1**step))
 
     # -- measurements
 
@@ -438,6 +433,9 @@ def _validate_group(group: dict, index: int) -> None:
     _check(group["qr_method"] in QR_METHODS,
            f"{where}: qr_method={group['qr_method']!r} is unknown: use one of {QR_METHODS}")
     if group["adaptive_rank"]:
+        _check(group["normalization"] == "qr",
+               f"{where}: adaptive_rank=True is Ada-Orth-Dion and needs normalization='qr' (got "
+               f"{group['normalization']!r}): use optim.name=ada_orth_dion")
         _check(0 < _rank_fraction_max(group) <= 1,
                f"{where}: rank_fraction_max={group['rank_fraction_max']} must lie in (0, 1]")
         _check(group["r_min"] >= 1, f"{where}: r_min={group['r_min']} must be >= 1")

@@ -6,7 +6,7 @@ Per 2-D matrix W (p x q) with orthonormal basis Q (spec "Local step"; G is the g
     low  = lift(uh / (sqrt(vh) + eps), Q)
     full = G / (mu (sqrt(lift(vh)) + eps))                             (quasi-hyperbolic term, D3)
     W   <- W (1 - lr wd) - lr ((1 - omega) full + omega low)
-Other parameters (embeddings, head, norms) take a plain AdamW step (D7).
+Other parameters (embeddings, head, norms) take torch.optim.AdamW steps, the same in every method (D7).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .adamw import AdamWOptions
+from .adamw import AdamWOptions, AdamWPart
 from .groups import hidden_matrices, param_groups
 from .projection import (
     BASIS_METHODS,
@@ -85,6 +85,7 @@ class LowRankAdam(torch.optim.Optimizer):
             basis_method=basis_method,
         )
         super().__init__(params, defaults)
+        self._adamw = AdamWPart(self)
         self.projected_gradient_hook: ProjectedGradientHook | None = None
         self._last_terms: tuple[list[torch.Tensor], list[torch.Tensor], int] | None = None
 
@@ -264,9 +265,7 @@ class LowRankAdam(torch.optim.Optimizer):
                 low_sq += group_low_sq
         numel = sum(p.numel() for _, params in lowrank for p in params)
         self._last_terms = (full_sq, low_sq, numel) if numel else None
-        for group in self.param_groups:
-            if group["algorithm"] == "adamw":
-                self._adamw_update(group)
+        self._adamw.step()
         return loss
 
     def _project_gradient(self, p: torch.Tensor, group: dict) -> torch.Tensor:
@@ -347,25 +346,6 @@ class LowRankAdam(torch.optim.Optimizer):
         torch._foreach_div_(denominators, [math.sqrt(c2) for _, c2 in corrections])
         torch._foreach_add_(denominators, group["eps"])
         return corrections, denominators
-
-    def _adamw_update(self, group: dict) -> None:
-        """AdamW (decoupled weight decay) over the group's parameters with gradients, with foreach kernels."""
-        params = [p for p in group["params"] if p.grad is not None]
-        if not params:
-            return
-        for p in params:
-            state = self.state[p]
-            if "step" not in state:
-                state["step"] = torch.tensor(0.0)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        states = [self.state[p] for p in params]
-        lr = group["lr"]
-        corrections, denominators = self._adam_moments(group, states, [p.grad for p in params])
-        if group["weight_decay"]:
-            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-        torch._foreach_addcdiv_(params, [s["exp_avg"] for s in states], denominators,
-                                [-lr / c1 for c1, _ in corrections])
 
     # -------------------------------------------------------------------------------- reporting
     def state_bytes(self) -> dict[str, int]:

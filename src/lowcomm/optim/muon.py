@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from .adamw import AdamWPart
 from .groups import param_groups
 from .registry import register
 
@@ -27,28 +28,13 @@ class MuonAdamW(torch.optim.Optimizer):
         unknown = sorted({g.get("algorithm") for g in groups} - {"muon", "adamw"})
         if unknown:
             raise ValueError(f"MuonAdamW: param groups need algorithm 'muon' or 'adamw', got {unknown}")
-        muon_groups = [g for g in groups if g["algorithm"] == "muon"]
-        adamw_groups = [g for g in groups if g["algorithm"] == "adamw"]
-        self._inner: list[torch.optim.Optimizer] = []
-        if muon_groups:
-            self._inner.append(torch.optim.Muon(muon_groups, lr=lr, weight_decay=weight_decay, momentum=momentum,
-                                                nesterov=nesterov, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn))
-        if adamw_groups:
-            self._inner.append(torch.optim.AdamW(adamw_groups, lr=lr if adamw_lr is None else adamw_lr,
-                                                 betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         super().__init__(groups, {})
-        self._share_groups_and_state()
-
-    def _share_groups_and_state(self) -> None:
-        """Point each inner optimizer at this optimizer's group dicts (by algorithm) and state."""
-        for inner in self._inner:
-            algorithm = "muon" if isinstance(inner, torch.optim.Muon) else "adamw"
-            inner.param_groups = [g for g in self.param_groups if g["algorithm"] == algorithm]
-            inner.state = self.state
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        self._share_groups_and_state()
+        muon_groups = [g for g in self.param_groups if g["algorithm"] == "muon"]
+        self._muon = (torch.optim.Muon(muon_groups, lr=lr, weight_decay=weight_decay, momentum=momentum,
+                                       nesterov=nesterov, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)
+                      if muon_groups else None)
+        self._adamw = AdamWPart(self, lr=lr if adamw_lr is None else adamw_lr, betas=tuple(betas), eps=eps,
+                                weight_decay=weight_decay)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -56,8 +42,11 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for inner in self._inner:
-            inner.step()
+        if self._muon is not None:
+            self._muon.param_groups = [g for g in self.param_groups if g["algorithm"] == "muon"]
+            self._muon.state = self.state
+            self._muon.step()
+        self._adamw.step()
         return loss
 
 
