@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -48,7 +49,8 @@ class TrainSection:
     precision: str = "32-true"
     seed: int = 0
     threads: int = 1  # torch threads per worker process on CPU
-    progress_bar: bool = True
+    progress_bar: bool = True  # false: a progress line every log_every steps instead
+    collective_timeout_s: float = 300.0  # a collective waiting longer than this for a peer ends the run
 
 
 @dataclass
@@ -57,6 +59,7 @@ class RunSection:
     name: str | None = None  # default: <method>-<model size>-s<seed>-<timestamp>
     checkpoint_every: int = 0  # steps between per-rank checkpoints, taken at sync points (0: none)
     resume_from: str | None = None  # a checkpoint path (checkpoints/stepNNNNNN.ckpt) to continue from
+    overwrite: bool = False  # clear an existing run directory of the same name first (else it is an error)
 
 
 @dataclass
@@ -84,12 +87,27 @@ def _merge(base: DictConfig, update: DictConfig | dict, origin: str) -> DictConf
         raise ConfigError(f"{origin}: bad value for {err.full_key!r}: {err.msg.splitlines()[0]}") from None
 
 
+def load_yaml(path: str | Path) -> DictConfig:
+    """A YAML mapping; a syntax error names the file, line and column."""
+    try:
+        cfg = OmegaConf.load(path)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        raise ConfigError(f"{path}:{mark.line + 1}:{mark.column + 1}: {err.problem}: fix the YAML there") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{path}: the top level is a {type(cfg).__name__}, not a mapping of sections "
+                          "(model:, data:, optim:, ...)")
+    return cfg
+
+
 def method_preset(name: str) -> DictConfig:
     path = METHODS_DIR / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in METHODS_DIR.glob("*.yaml"))
         raise ConfigError(f"method={name!r} has no preset {path}: choose one of {known}")
-    return OmegaConf.load(path)
+    return load_yaml(path)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -99,7 +117,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if path is not None:
         if not Path(path).exists():
             raise ConfigError(f"config file {path} does not exist")
-        layers.append((OmegaConf.load(path), str(path)))
+        layers.append((load_yaml(path), str(path)))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")

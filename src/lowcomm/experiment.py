@@ -94,7 +94,7 @@ def write_table(table: pd.DataFrame, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return
     preset = argv[1] if len(argv) > 1 and "=" not in argv[1] else "cpu"

@@ -1,11 +1,17 @@
-"""Run records: one directory per run with the resolved config, per-step metrics and a final JSON record."""
+"""Run records: one directory per run with the resolved config, per-step metrics and a final JSON record.
+
+A record's `status` says how the run ended: complete, interrupted (SIGINT / SIGTERM), diverged (a non-finite
+loss) or failed (a worker died or stopped responding).
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +19,10 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+
+from .config import ConfigError
+
+STATUSES = ("complete", "interrupted", "diverged", "failed")
 
 
 def git_commit() -> str:
@@ -39,8 +49,20 @@ def environment(accelerator: str) -> dict:
     }
 
 
+def finite_or_null(value):
+    """`value` with every non-finite float (NaN, inf) replaced by None, so that it is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
+
+
 class RunDirectory:
-    """`<out_dir>/<name>/`: config.yaml, metrics.csv (one row per logged step), record.json (written last)."""
+    """`<out_dir>/<name>/`: config.yaml, metrics.csv (one row per logged step), checkpoints/, model.pt and
+    record.json (written last)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -49,9 +71,24 @@ class RunDirectory:
         self._rows: list[dict] = []
         self.started = time.time()
 
-    def create(self, cfg: DictConfig) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, self.path / "config.yaml")
+    def create(self, cfg: DictConfig, overwrite: bool = False) -> None:
+        """Make the directory and write config.yaml. A directory that already holds files (another run) is an
+        error, unless `overwrite`, which clears it first."""
+        try:
+            held = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
+            if held and not overwrite:
+                record = self.path / "record.json"
+                what = (f"a run (record.json status {read_record(self.path).get('status', 'unknown')})"
+                        if record.exists() else f"files ({', '.join(held[:4])})")
+                raise ConfigError(f"run directory {self.path} already holds {what}: choose another run.name, "
+                                  "or set run.overwrite=true to clear it first")
+            if held:
+                shutil.rmtree(self.path)
+            self.path.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(cfg, self.path / "config.yaml")
+        except OSError as err:
+            raise ConfigError(f"run.out_dir={cfg.run.out_dir}: cannot write the run directory {self.path} "
+                              f"({err.strerror or err}): choose a writable run.out_dir") from None
 
     def log(self, row: dict) -> None:
         """Append a metrics row; the CSV is rewritten when a new column appears."""
@@ -68,11 +105,38 @@ class RunDirectory:
                 csv.DictWriter(f, fieldnames=columns).writerow(row)
 
     def write_record(self, record: dict) -> None:
-        record = {**record, "wall_time_s": time.time() - self.started}
-        with open(self.path / "record.json", "w") as f:
-            json.dump(record, f, indent=2, sort_keys=True)
+        """record.json, the run's last file: strict JSON (non-finite numbers as null), written to a temporary
+        file and renamed into place, so that a reader sees the whole record or none."""
+        if record.get("status") not in STATUSES:
+            raise ValueError(f"record status {record.get('status')!r}: use one of {STATUSES}")
+        record = finite_or_null({**record, "wall_time_s": time.time() - self.started})
+        tmp = self.path / f".record.json.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=2, sort_keys=True, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / "record.json")
 
 
 def read_record(path: str | Path) -> dict:
     with open(Path(path) / "record.json") as f:
         return json.load(f)
+
+
+def completed_record(run_dir: str | Path) -> dict | None:
+    """The run's record when it says `status: complete`, else None (no record, or one of an unfinished run)."""
+    try:
+        record = read_record(run_dir)
+    except (OSError, ValueError):
+        return None
+    return record if record.get("status") == "complete" else None
+
+
+def last_checkpoint(run_dir: str | Path, world_size: int) -> Path | None:
+    """The latest `checkpoints/stepNNNNNN.ckpt` (the path run.resume_from takes) for which every rank's file
+    `stepNNNNNN.rank<r>.ckpt` exists; None when there is none."""
+    folder = Path(run_dir) / "checkpoints"
+    for stem in sorted({p.name.split(".")[0] for p in folder.glob("step*.rank*.ckpt")}, reverse=True):
+        if all((folder / f"{stem}.rank{r}.ckpt").exists() for r in range(world_size)):
+            return folder / f"{stem}.ckpt"
+    return None

@@ -16,7 +16,8 @@ from ..data import (SMOLLM_TOKENIZER, PackedSequences, ShardSampler, StreamingPa
                     smollm_mixture)
 from ..model import Transformer, model_config_from
 from ..optim import build_optimizer
-from ..results import RunDirectory, environment
+from ..results import RunDirectory, environment, last_checkpoint
+from .stopping import SignalFlag, Stop, agree_on_stop
 
 
 def lr_lambda(warmup: int, steps: int, min_ratio: float):
@@ -29,6 +30,18 @@ def lr_lambda(warmup: int, steps: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss); inf where that overflows (a diverging run)."""
+    return math.exp(loss) if loss < 709 else math.inf
+
+
+def duration(seconds: float) -> str:
+    """`1h02m03s`, `2m03s` or `3s`."""
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 class LanguageModelTask(L.LightningModule):
@@ -44,6 +57,9 @@ class LanguageModelTask(L.LightningModule):
         self.val_history: list[tuple[int, float]] = []
         self._last_time: float | None = None
         self._last_step = 0
+        self.signals = SignalFlag()
+        self.stop: Stop | None = None
+        self.outcome: dict | None = None  # how the run ended, on every rank (see on_fit_end)
 
     # ------------------------------------------------------------------ data
     def _streams(self):
@@ -112,10 +128,10 @@ class LanguageModelTask(L.LightningModule):
     def _validate(self, step: int) -> dict:
         val = self.validation_loss()
         self.val_history.append((step, val))
-        self.log_dict({"val_loss": val, "val_ppl": math.exp(val)}, prog_bar=True, logger=False, rank_zero_only=True)
-        return {"val_loss": val, "val_ppl": math.exp(val)}
+        return {"val_loss": val, "val_ppl": perplexity(val)}
 
     def on_train_start(self) -> None:
+        self.signals.install()
         if not self.val_history:  # a resumed run already has its history
             row = {"step": 0, **self._validate(0)}
             if self.run is not None:
@@ -124,7 +140,11 @@ class LanguageModelTask(L.LightningModule):
         self._last_step = self._first_step = self.global_step
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Besides the training state: the validation history, and the run config and world size that a resume
+        is checked against (lowcomm.train.check_resume)."""
         checkpoint["val_history"] = self.val_history
+        checkpoint["run_config"] = OmegaConf.to_container(self.cfg)
+        checkpoint["world_size"] = self.trainer.world_size
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.val_history = list(checkpoint["val_history"])
@@ -138,38 +158,69 @@ class LanguageModelTask(L.LightningModule):
             self.trainer.save_checkpoint(Path(self.run_dir) / "checkpoints" / f"step{step:06d}.ckpt")
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        """At every step boundary: stop on a signal or a non-finite loss (every rank alike), log, validate,
+        checkpoint and report progress. A diverged step is logged, but neither validated nor checkpointed."""
         step = self.global_step
         t = self.cfg.train
+        loss = float(outputs["loss"])
+        self.stop = agree_on_stop(self.trainer.strategy, step, self.signals.signum, loss)
+        if self.stop is not None:
+            self.trainer.should_stop = True
+        diverged = self.stop is not None and self.stop.status == "diverged"
         row = {}
-        if step % t.log_every == 0 or step == t.steps or self.trainer.strategy.engine.basis_changed(step):
+        basis_changed = self.trainer.strategy.engine.basis_changed(step)
+        if step % t.log_every == 0 or step == t.steps or basis_changed or self.stop is not None:
             now = time.perf_counter()
             tps = (step - self._last_step) * self.tokens_per_step / max(now - self._last_time, 1e-9)
             self._last_time, self._last_step = now, step
             self.log("tok/s", tps, prog_bar=True, logger=False, rank_zero_only=True)
-            row.update(loss=float(outputs["loss"]), lr=self.lr_schedulers().get_last_lr()[0], tokens_per_s=tps)
+            row.update(loss=loss, lr=self.lr_schedulers().get_last_lr()[0], tokens_per_s=tps)
             row.update(self.step_metrics())
-        if step % t.val_every == 0 or step == t.steps:
+        if (step % t.val_every == 0 or step == t.steps) and not diverged:
             row.update(self._validate(step))
+        self.log("val_loss", self.val_history[-1][1], prog_bar=True, logger=False, rank_zero_only=True)
         if row and self.run is not None:
             self.run.log({"step": step, **row})
-        self.save_checkpoint_if_due(step)
+            if not t.progress_bar and "loss" in row:
+                self.print_progress(step, loss, row["tokens_per_s"])
+        if not diverged:
+            self.save_checkpoint_if_due(step)
+
+    def print_progress(self, step: int, loss: float, tokens_per_s: float) -> None:
+        """One line on rank 0 (with train.progress_bar=false): step/total, loss, latest validation loss,
+        tokens/s over all workers, and the time left at the mean step time so far."""
+        total = self.cfg.train.steps
+        eta = (time.perf_counter() - self._train_start) / max(step - self._first_step, 1) * (total - step)
+        val_step, val = self.val_history[-1]
+        print(f"step {step}/{total}  loss {loss:.4f}  val_loss {val:.4f} (step {val_step})  "
+              f"{tokens_per_s:,.0f} tok/s  ETA {duration(eta)}", flush=True)
 
     def on_fit_end(self) -> None:
-        """Rank 0 writes the final record and the model weights; all ranks compare weight digests."""
+        """Every rank sets `outcome` (status complete / interrupted / diverged, the step reached) and compares
+        weight digests; rank 0 writes the model weights of a complete run, then the record."""
         identical = self.replicas_identical()
+        stop = self.stop
+        self.outcome = {"status": "complete", "steps": self.global_step}
+        if stop is not None:
+            checkpoint = last_checkpoint(self.run_dir, self.trainer.world_size) if self.run_dir else None
+            self.outcome.update(status=stop.status, stopped_at_step=stop.step,
+                                last_checkpoint=str(checkpoint or self.cfg.run.resume_from or "") or None)
+            self.outcome.update({"signal": stop.signal, "signalled_ranks": list(stop.ranks)} if stop.signal
+                                else {"nonfinite_loss_ranks": list(stop.ranks)})
         if self.run is None:
             return
-        steps, final = self.val_history[-1]
-        tokens = (steps - self._first_step) * self.tokens_per_step
-        torch.save({"model": self.model.state_dict(), "model_config": self.model.cfg}, self.run.path / "model.pt")
+        _, final = self.val_history[-1]
+        tokens = (self.global_step - self._first_step) * self.tokens_per_step
+        if stop is None:
+            torch.save({"model": self.model.state_dict(), "model_config": self.model.cfg}, self.run.path / "model.pt")
         self.run.write_record({
+            **self.outcome,
             **environment(self.cfg.train.accelerator),
             "world_size": self.trainer.world_size,
-            "steps": steps,
             "initial_val_loss": self.val_history[0][1],
-            "initial_val_ppl": math.exp(self.val_history[0][1]),
+            "initial_val_ppl": perplexity(self.val_history[0][1]),
             "final_val_loss": final,
-            "final_val_ppl": math.exp(final),
+            "final_val_ppl": perplexity(final),
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "tokens": tokens,
             "tokens_per_s": tokens / (time.perf_counter() - self._train_start),

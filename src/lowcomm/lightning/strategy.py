@@ -12,7 +12,9 @@ gradients are averaged inside the step; Dion's family, which averages its factor
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..distributed.comm import Communicator
 from ..distributed.sync import SyncEngine, build_sync_engine
+from .launcher import SupervisedLauncher
 
 
 @dataclass
@@ -42,13 +45,20 @@ class ClipCounter:
 class SyncStrategy(DDPStrategy):
     strategy_name = "lowcomm_sync"
 
-    def __init__(self, sync_cfg: DictConfig | dict, clip: float, **kwargs: Any):
-        super().__init__(**kwargs)
+    def __init__(self, sync_cfg: DictConfig | dict, clip: float, collective_timeout_s: float, **kwargs: Any):
+        super().__init__(timeout=timedelta(seconds=collective_timeout_s), **kwargs)
+        self.collective_timeout_s = collective_timeout_s
         self.sync_cfg = OmegaConf.to_container(sync_cfg) if isinstance(sync_cfg, DictConfig) else dict(sync_cfg)
         self.clip = clip
         self.engine: SyncEngine | None = None
         self.clip_since_log = ClipCounter()
         self.clip_total = ClipCounter()
+
+    def _configure_launcher(self) -> None:
+        if self._start_method == "spawn":
+            self._launcher = SupervisedLauncher(self, stop_grace_s=self.collective_timeout_s)
+        else:
+            super()._configure_launcher()
 
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -74,8 +84,12 @@ class SyncStrategy(DDPStrategy):
         return path.with_name(f"{path.stem}.rank{self.global_rank}{path.suffix}")
 
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        """This rank's file, written under a temporary name and renamed: a file of that name is always whole."""
         checkpoint["sync_engine"] = self.engine.state_dict()
-        self.checkpoint_io.save_checkpoint(checkpoint, self.rank_path(filepath), storage_options=storage_options)
+        path = self.rank_path(filepath)
+        tmp = path.with_name(f".{path.name}.tmp")
+        self.checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
+        os.replace(tmp, path)
 
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         checkpoint = self.checkpoint_io.load_checkpoint(self.rank_path(checkpoint_path), weights_only=False)

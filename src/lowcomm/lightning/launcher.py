@@ -1,0 +1,161 @@
+"""SupervisedLauncher: Lightning's spawn launcher, with the parent process watching its workers.
+
+- SIGINT / SIGTERM to the parent reach every worker, which stops at the next step boundary; a second signal, or
+  no exit within `stop_grace_s`, kills the workers.
+- The first worker to die, raise or stop responding ends the run: the others are killed at once and WorkerFailed
+  names the rank. A worker whose collective failed (a peer died, or no answer within train.collective_timeout_s)
+  exits with COLLECTIVE_FAILED and is not the culprit; the culprit is a worker that died, raised something else,
+  or still runs while its peers' collectives fail.
+- A worker never outlives the parent (it is killed when the parent dies).
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import multiprocessing.util
+import os
+import re
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from lightning.fabric.strategies.launchers.multiprocessing import _check_missing_main_guard
+from lightning.pytorch.strategies.launchers.multiprocessing import _GlobalStateSnapshot, _MultiProcessingLauncher
+from torch.multiprocessing import _prctl_pr_set_pdeathsig
+
+COLLECTIVE_FAILED = 75  # a worker's exit status when one of its collectives failed or timed out
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    """A torch.distributed error (NCCL, store) or a gloo transport error: a peer died, hung or is unreachable."""
+    return isinstance(err, dist.DistError) or "/gloo/" in str(err)
+
+
+def collective_error(err: BaseException) -> str:
+    """The first line of a collective's error, without the source location gloo puts in front."""
+    return re.sub(r"^\[[^\]]*\] ", "", str(err).splitlines()[0])
+
+
+def exit_description(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "stopped responding (its peers' collectives failed or timed out)"
+    if exitcode < 0:
+        return f"was killed by {signal.Signals(-exitcode).name}"
+    return f"exited with status {exitcode}"
+
+
+class WorkerFailed(RuntimeError):
+    """Workers that died, raised or stopped responding, by rank; `signal` is the signal the parent had received
+    before (a run being interrupted), if any."""
+
+    def __init__(self, failures: dict[int, str], received: int | None = None):
+        self.failures = failures
+        self.signal = received
+        super().__init__("; ".join(f"worker rank {rank} {how}" for rank, how in failures.items()))
+
+
+class SupervisedLauncher(_MultiProcessingLauncher):
+    """Spawned workers under supervision (see the module docstring); the rank-0 worker's `outcome` attribute of
+    the LightningModule is handed back to the parent's module."""
+
+    def __init__(self, strategy, stop_grace_s: float):
+        super().__init__(strategy, start_method="spawn")
+        self.stop_grace_s = stop_grace_s
+        self.received: int | None = None
+        self._deadline: float | None = None
+
+    def launch(self, function: Callable, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        _check_missing_main_guard()
+        # every worker connects to the port the parent chose (Lightning's cluster environment picks a free one)
+        os.environ["MASTER_PORT"] = str(self._strategy.cluster_environment.main_port)
+        self.received, self._deadline = None, None
+        self.procs = []
+        with self._forwarding_signals():  # installed before the workers start, so that no signal is missed
+            return_queue = mp.get_context("spawn").SimpleQueue()
+            context = mp.start_processes(
+                self._wrapping_function,
+                args=(trainer, function, args, kwargs, return_queue, _GlobalStateSnapshot.capture()),
+                nprocs=self._strategy.num_processes, start_method="spawn", join=False,
+            )
+            self.procs = context.processes
+            if self.received is not None:  # a signal that came while the workers were being started
+                self.kill(self.received)
+            self._supervise()
+        if return_queue.empty():
+            raise WorkerFailed({0: "exited without its results"}, self.received)
+        worker_output = return_queue.get()
+        self._recover_results_in_main_process(worker_output, trainer)
+        return worker_output.trainer_results
+
+    @contextmanager
+    def _forwarding_signals(self):
+        def forward(signum, frame):
+            if self.received is None:
+                self.received, self._deadline = signum, time.monotonic() + self.stop_grace_s
+                self.kill(signum)
+            else:
+                self.kill(signal.SIGKILL)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _supervise(self) -> None:
+        """Wait until every worker has exited; raise WorkerFailed (after killing the rest) on the first failure."""
+        waiting = {p.sentinel: p for p in self.procs}
+        while waiting:
+            timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+            for sentinel in multiprocessing.connection.wait(list(waiting), timeout):
+                waiting.pop(sentinel).join()
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                self.kill(signal.SIGKILL)  # the workers did not stop within stop_grace_s of the signal
+            if any(p.exitcode not in (None, 0) for p in self.procs):
+                failures = self._culprits()
+                self.kill(signal.SIGKILL)
+                for p in self.procs:
+                    p.join()
+                raise WorkerFailed(failures, self.received)
+
+    def _culprits(self) -> dict[int, str]:
+        """Ranks that ended on their own (signal, error) or, when every ended rank saw a failed collective,
+        the ranks still running; each with how it ended."""
+        codes = [p.exitcode for p in self.procs]
+        own = {r: c for r, c in enumerate(codes) if c not in (None, 0, COLLECTIVE_FAILED)}
+        culprits = own or {r: c for r, c in enumerate(codes) if c is None}
+        if not culprits:
+            return {r: "had a collective fail (see its message above)" for r, c in enumerate(codes)
+                    if c == COLLECTIVE_FAILED}
+        return {r: exit_description(c) for r, c in culprits.items()}
+
+    def _wrapping_function(self, process_idx: int, *args: Any) -> None:
+        """The worker: killed when the parent dies; a collective failure exits with COLLECTIVE_FAILED. After the
+        run it exits as a forked worker does (multiprocessing's exit function, then os._exit), which skips seconds
+        of interpreter teardown; its files are written and closed by then."""
+        _prctl_pr_set_pdeathsig(signal.SIGKILL)
+        try:
+            super()._wrapping_function(process_idx, *args)
+        except KeyboardInterrupt:  # SIGINT before the run's own handlers are installed
+            sys.exit(128 + signal.SIGINT)
+        except Exception as err:
+            if not is_collective_failure(err):
+                raise
+            print(f"rank {process_idx}: a collective failed: {collective_error(err)}", file=sys.stderr, flush=True)
+            sys.exit(COLLECTIVE_FAILED)
+        multiprocessing.util._exit_function()  # what a forked worker runs before os._exit: finalizers, children
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    def get_extra_results(self, trainer) -> dict[str, Any]:
+        return {**super().get_extra_results(trainer), "outcome": trainer.lightning_module.outcome}
+
+    def update_main_process_results(self, trainer, extra: dict[str, Any]) -> None:
+        super().update_main_process_results(trainer, extra)
+        trainer.lightning_module.outcome = extra["outcome"]
