@@ -103,8 +103,8 @@ def run_features(run: RunResult) -> dict[str, Any]:
     out["angle_max_over_syncs"] = float(angles.max()) if len(angles) else math.nan
     out["angle_median_over_syncs"] = float(angles.median()) if len(angles) else math.nan
     for key, value in _flatten("downstream", rec.get("downstream", {})).items():
-        if key != "downstream" and _numeric(value):
-            out[key] = value
+        if key != "downstream" and (_numeric(value) or isinstance(value, str)):
+            out[key] = value  # a score, or the words saying why there is none (a task that cannot load offline)
     return out
 
 
@@ -123,6 +123,8 @@ def summarize(runs: pd.DataFrame, std_of: tuple[str, ...] = ()) -> pd.DataFrame:
         row = {"label": label, "method": group["method"].iloc[0], "sweep_value": group["sweep_value"].iloc[0]}
         numeric = group.drop(columns=["seed", "sweep_value"]).select_dtypes("number")
         row.update(numeric.mean().to_dict())
+        words = [c for c in group if c.startswith("downstream/") and c not in numeric]
+        row.update({c: " / ".join(sorted(set(group[c].dropna().astype(str)))) for c in words})
         for col in (*KEY_STDS, *std_of):
             row[f"{col}_std"] = sample_std(group[col]) if col in group else math.nan
         row.update(seeds=len(group), runs=" ".join(group["run"]), commits=" ".join(sorted(set(group["commit"]))))
@@ -306,10 +308,10 @@ KINDS: dict[str, Callable[[list[RunResult], dict], dict[str, pd.DataFrame]]] = {
     "communication": communication_table,
 }
 
-# Columns of table.md per kind (table.csv keeps every column).
+# Columns of table.md per kind (table.csv keeps every column); an entry ending in "/" shows every column it prefixes.
 SHOWN = {
     "methods": ["label", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl", "final_val_ppl_std",
-                "downstream", "bytes_per_step/total", "bytes_ratio_to_ddp", "bytes_ratio_to_lowrank_ddp",
+                "downstream", "downstream/", "bytes_per_step/total", "bytes_ratio_to_ddp", "bytes_ratio_to_lowrank_ddp",
                 "optimizer_state_bytes", "state_ratio_to_adamw", "matrix_moments_ratio", "error_feedback_bytes",
                 "anchor_bytes", "time_to_final_s_10gbps"],
     "stagnation": ["label", "seeds", "omega", "weight_decay", "final_val_loss", "final_val_loss_std", "final_val_ppl",
@@ -340,7 +342,8 @@ def markdown(tables: dict[str, pd.DataFrame], kind: str) -> str:
     """table.md: the kind's shown columns of the main table, then every other table whole."""
     parts = []
     for name, table in tables.items():
-        shown = [c for c in SHOWN[kind] if c in table] if name == "table" else list(table.columns)
+        shown = ([c for entry in SHOWN[kind] for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
+                 if name == "table" else list(table.columns))
         parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g"))
     return "\n\n".join(parts) + "\n"
 
