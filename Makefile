@@ -3,7 +3,10 @@ STAMP   := .venv/.installed
 export HF_HOME := $(CURDIR)/.cache/hf
 export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 
-.PHONY: install test train bench accounting lordo_methods dion_methods figures clean
+EXPERIMENTS := table3_main stagnation_ablation rank_sweep batch_size_sensitivity nu_measurement beta_sweep \
+               orthdion_convergence communication
+
+.PHONY: install test train bench accounting table3 experiments $(EXPERIMENTS) figures report clean
 
 install: $(STAMP)
 
@@ -27,18 +30,40 @@ bench: install
 	$(PY) benchmarks/bench_lowrank_adam.py
 	$(PY) benchmarks/bench_dion.py
 
-# Analytic bytes on the wire per worker per step at the paper sizes.
-accounting: install
-	$(PY) -m lowcomm.distributed.accounting --out results/communication/analytic_paper_sizes.csv
-
-# Experiments: results/<name>/<preset>/ (PRESET=cpu by default; PRESET=smoke for a quick check).
+# Experiments (experiments/<name>/): `make <name>`, `make table3` (= table3_main), `make experiments` (all).
+#   PRESET=smoke|cpu|paper (default cpu)
+#   OUT=runs (default: a user's run, in the ignored runs/, printed beside the stored results/)
+#   OUT=results (the stored results: the maintainers' path)
+#   SEEDS=0,1 (default: one seed into runs/, every seed of the preset into results/)
+#   FORCE=1 (rerun runs that could be reused)
 PRESET ?= cpu
-lordo_methods dion_methods: install
-	$(PY) -m lowcomm.experiment experiments/$@/config.yaml $(PRESET)
+OUT    ?= runs
+SEEDS  ?= $(if $(filter results,$(OUT)),,0)
+FORCE  ?=
+run_experiment = $(PY) -m lowcomm.experiment experiments/$(1)/config.yaml $(PRESET) --out $(OUT) \
+	$(if $(SEEDS),--seeds $(SEEDS)) $(if $(FORCE),--force)
 
-# Figures from the stored results: paper_figures/<experiment>_<preset>.{png,pdf}.
+table3: table3_main
+
+$(filter-out communication,$(EXPERIMENTS)): install
+	$(call run_experiment,$@)
+
+communication: install accounting
+	$(call run_experiment,$@)
+
+experiments: $(EXPERIMENTS)
+
+# Analytic bytes, collectives and optimizer state per worker per step at the paper sizes (no training).
+accounting: install
+	$(PY) -m lowcomm.distributed.accounting --out $(OUT)/communication/analytic.csv
+
+# Figures from the stored results only: paper_figures/<experiment>_<preset>.{png,pdf}.
 figures: install
 	$(PY) paper_figures/make_figures.py
+
+# The README's Results section and each experiment README's "What our run shows", from the stored tables.
+report: install
+	$(PY) -m lowcomm.report
 
 clean:
 	rm -rf .venv .cache runs

@@ -1,58 +1,220 @@
-"""Draw every experiment's validation curves from results/: paper_figures/<experiment>_<preset>.png and .pdf.
+"""`make figures`: one figure per stored experiment and preset, drawn from results/ only (no training, no number typed
+in here): paper_figures/<experiment>_<preset>.png and .pdf.
 
-Reads results/<experiment>/<preset>/runs/<label>-s<seed>/metrics.csv; one line per label (mean over seeds,
-shaded min-max). No number is typed in here: the figures are the stored runs.
+Reads results/<experiment>/<preset>/table.csv (which names each row's runs), the runs' metrics.csv and record.json,
+and for `communication` also results/communication/analytic.csv. Bands are the min-max over seeds.
 
     python paper_figures/make_figures.py [results_dir] [out_dir]
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+ANGLE_FLOOR = 1e-7  # angles below this (exact zeros included) are drawn at it on the log scale
+BAND = ("pi", 100)  # min-max over seeds
 
 
-def validation_curves(runs_dir: Path) -> pd.DataFrame:
-    """Rows (label, seed, step, val_loss) of every run under `runs_dir`."""
+def run_labels(preset_dir: Path) -> dict[str, str]:
+    """Run directory name -> table row label, from table.csv's `runs` column."""
+    table = pd.read_csv(preset_dir / "table.csv")
+    return {run: label for label, runs in zip(table["label"], table["runs"]) for run in runs.split()}
+
+
+def metric_rows(preset_dir: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    """Every metrics.csv row of the experiment's runs with its label and seed (only `columns` when given)."""
     frames = []
-    for metrics in sorted(runs_dir.glob("*/metrics.csv")):
-        label, seed = metrics.parent.name.rsplit("-s", 1)
-        df = pd.read_csv(metrics)
-        df = df[df["val_loss"].notna()][["step", "val_loss"]]
-        frames.append(df.assign(label=label, seed=int(seed)))
-    return pd.concat(frames) if frames else pd.DataFrame(columns=["label", "seed", "step", "val_loss"])
+    for run, label in run_labels(preset_dir).items():
+        df = pd.read_csv(preset_dir / "runs" / run / "metrics.csv")
+        keep = [c for c in df if columns is None or c == "step" or c in columns or
+                any(c.startswith(p) for p in columns if p.endswith("/"))]
+        frames.append(df[keep].assign(label=label, seed=int(run.rsplit("-s", 1)[1])))
+    return pd.concat(frames, ignore_index=True)
 
 
-def draw(curves: pd.DataFrame, title: str, out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, runs in curves.groupby("label", sort=False):
-        stats = runs.groupby("step")["val_loss"].agg(["mean", "min", "max"])
-        ax.plot(stats.index, stats["mean"], label=label)
-        ax.fill_between(stats.index, stats["min"], stats["max"], alpha=0.2)
+def records(preset_dir: Path) -> pd.DataFrame:
+    """One row per run: label, method and sweep value of its table row, seed and the record's scalars."""
+    table = pd.read_csv(preset_dir / "table.csv").set_index("label")
+    rows = []
+    for run, label in run_labels(preset_dir).items():
+        rec = json.loads((preset_dir / "runs" / run / "record.json").read_text())
+        rows.append({"label": label, "method": table.loc[label, "method"], "sweep_value": table.loc[label, "sweep_value"],
+                     **{k: v for k, v in rec.items() if isinstance(v, (int, float))}})
+    return pd.DataFrame(rows)
+
+
+def validation_panel(ax, preset_dir: Path, title: str = "validation loss") -> pd.DataFrame:
+    rows = metric_rows(preset_dir, ["val_loss"]).dropna(subset=["val_loss"])
+    sns.lineplot(rows, x="step", y="val_loss", hue="label", errorbar=BAND, ax=ax)
+    later = rows[rows["step"] > 0]["val_loss"]
+    if len(later):
+        ax.set_ylim(top=later.max() * 1.02)
     ax.set(xlabel="step", ylabel="validation loss (nats)", title=title)
-    ax.set_ylim(top=curves[curves["step"] > 0]["val_loss"].max() * 1.05)
-    ax.legend(fontsize=8)
+    return rows
+
+
+def sync_angle_rows(preset_dir: Path) -> pd.DataFrame:
+    """subspace/max_angle and subspace/angle/<matrix> at the sync steps t % K == 0 of each run, floored for the log scale."""
+    rows = metric_rows(preset_dir, ["subspace/max_angle", "subspace/angle/"])
+    if "subspace/max_angle" not in rows:
+        return pd.DataFrame()
+    k = {run: OmegaConf.load(preset_dir / "runs" / run / "config.yaml").sync.get("sync_every", 1)
+         for run in run_labels(preset_dir)}
+    rows["K"] = [k[f"{label}-s{seed}"] for label, seed in zip(rows["label"], rows["seed"])]
+    rows = rows[(rows["step"] > 0) & (rows["step"] % rows["K"] == 0)].dropna(subset=["subspace/max_angle"])
+    angle_cols = [c for c in rows if c.startswith("subspace/")]
+    rows[angle_cols] = rows[angle_cols].clip(lower=ANGLE_FLOOR)
+    return rows
+
+
+def draw_methods(fig, preset_dir: Path) -> None:
+    ax1, ax2 = fig.subplots(1, 2)
+    validation_panel(ax1, preset_dir)
+    table = pd.read_csv(preset_dir / "table.csv")
+    sns.barplot(table, x="label", y="bytes_per_step/total", hue="label", ax=ax2)
+    ax2.set(yscale="log", xlabel="", ylabel="bytes per worker per step (measured)", title="communication")
+    ax2.tick_params(axis="x", rotation=45)
+
+
+def draw_stagnation(fig, preset_dir: Path) -> None:
+    angles = sync_angle_rows(preset_dir)
+    layers = [c for c in angles if c.startswith("subspace/angle/")]
+    axes = fig.subplots(1, 3 if layers else 2)
+    validation_panel(axes[0], preset_dir)
+    if len(angles):
+        sns.lineplot(angles, x="step", y="subspace/max_angle", hue="label", errorbar=BAND, marker="o", ax=axes[1])
+    axes[1].set(yscale="log", xlabel="sync step", ylabel="largest principal angle (rad)",
+                title="basis movement per sync, max over layers")
+    if layers:
+        per_layer = angles.melt(id_vars=["label", "seed", "step"], value_vars=layers, var_name="matrix",
+                                value_name="angle")
+        sns.lineplot(per_layer, x="step", y="angle", hue="label", units="matrix", estimator=None, alpha=0.5,
+                     lw=0.8, ax=axes[2], legend=False)
+        axes[2].set(yscale="log", xlabel="sync step", ylabel="largest principal angle (rad)",
+                    title="per layer (one line per matrix)")
+
+
+def sweep_panel(ax, preset_dir: Path, y: str, xlabel: str, ylabel: str) -> None:
+    runs = records(preset_dir)
+    sns.lineplot(runs, x="sweep_value", y=y, hue="method", errorbar=BAND, marker="o", ax=ax)
+    ax.set(xscale="log", xlabel=xlabel, ylabel=ylabel)
+    values = sorted(runs["sweep_value"].unique())
+    ax.set_xticks(values, [f"{v:g}" for v in values])
+    ax.minorticks_off()
+
+
+def draw_rank_sweep(fig, preset_dir: Path) -> None:
+    sweep_panel(fig.subplots(), preset_dir, "final_val_ppl", "rank r", "final validation perplexity")
+
+
+def draw_batch_sweep(fig, preset_dir: Path) -> None:
+    sweep_panel(fig.subplots(), preset_dir, "final_val_ppl", "local batch (sequences per worker)",
+                "final validation perplexity")
+
+
+def draw_nu(fig, preset_dir: Path) -> None:
+    ax1, ax2 = fig.subplots(1, 2)
+    rows = metric_rows(preset_dir, ["spectral/nu_mean"]).dropna(subset=["spectral/nu_mean"])
+    sns.lineplot(rows, x="step", y="spectral/nu_mean", hue="label", errorbar=BAND, ax=ax1)
+    ax1.set(xlabel="step", ylabel="nu_t (mean over matrices)", title="nu_t over training")
+    table = pd.read_csv(preset_dir / "table.csv")
+    sns.lineplot(table, x="rank", y="nu_mean_over_training", hue="method", marker="o", ax=ax2)
+    ranks = sorted(table["rank"].unique())
+    ax2.plot(ranks, [r ** 0.5 for r in ranks], "k--x", label="sqrt(r): Dion's bound")
+    ax2.set(xlabel="rank r", ylabel="nu_t, mean over training", title="nu_t vs r")
+    ax2.legend(fontsize=7)
+
+
+def draw_beta(fig, preset_dir: Path) -> None:
+    ax = fig.subplots()
+    runs = records(preset_dir)
+    sns.lineplot(runs, x="sweep_value", y="final_val_loss", hue="method", errorbar=BAND, marker="o", ax=ax)
+    ax.set(xlabel="error-feedback coefficient beta", ylabel="final validation loss (nats)")
+
+
+def draw_convergence(fig, preset_dir: Path) -> None:
+    ax = fig.subplots()
+    rows = validation_panel(ax, preset_dir)
+    table = pd.read_csv(preset_dir / "table.csv")
+    target = table["target_label"].iloc[0]
+    best = rows[rows["label"] == target].groupby("seed")["val_loss"].min().mean()
+    ax.axhline(best, color="k", ls="--", lw=0.8, label=f"{target}'s best (mean over seeds)")
+    ax.legend(fontsize=7)
+
+
+def draw_communication(fig, preset_dir: Path) -> None:
+    analytic_path = preset_dir.parent / "analytic.csv"
+    axes = fig.subplots(1, 2 if analytic_path.exists() else 1, squeeze=False)[0]
+    table = pd.read_csv(preset_dir / "table.csv")
+    cols = [c for c in table if c.startswith("time_to_target_s_")]
+    long = table.melt(id_vars=["label"], value_vars=cols, var_name="bw", value_name="seconds")
+    long["bandwidth (Gbit/s)"] = long["bw"].str.extract(r"_([\d.]+)gbps$")[0].astype(float)
+    sns.lineplot(long, x="bandwidth (Gbit/s)", y="seconds", hue="label", marker="o", ax=axes[0])
+    axes[0].set(xscale="log", yscale="log", ylabel="modeled time to the target loss (s)",
+                title=f"measured size; latency {table['modeled_latency_s'].iloc[0]:g} s per collective")
+    if len(axes) > 1:
+        analytic = pd.read_csv(analytic_path)
+        largest = analytic[analytic["size"] == analytic.sort_values("steady_mb")["size"].iloc[-1]]
+        cols = [c for c in analytic if c.startswith("comm_s_")]
+        long = largest.melt(id_vars=["method"], value_vars=cols, var_name="bw", value_name="seconds")
+        long["bandwidth (Gbit/s)"] = long["bw"].str.extract(r"_([\d.]+)gbps$")[0].astype(float)
+        sns.lineplot(long, x="bandwidth (Gbit/s)", y="seconds", hue="method", marker="o", ax=axes[1])
+        axes[1].set(xscale="log", yscale="log", ylabel="communication time per step (s, analytic)",
+                    title=f"{largest['size'].iloc[0]}, latency {analytic['latency_s'].iloc[0]:g} s")
+
+
+DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {
+    "table3_main": (draw_methods, (11, 4)),
+    "stagnation_ablation": (draw_stagnation, (16, 4.5)),
+    "rank_sweep": (draw_rank_sweep, (6, 4)),
+    "batch_size_sensitivity": (draw_batch_sweep, (6, 4)),
+    "nu_measurement": (draw_nu, (11, 4)),
+    "beta_sweep": (draw_beta, (6, 4)),
+    "orthdion_convergence": (draw_convergence, (6, 4)),
+    "communication": (draw_communication, (12, 4.5)),
+}
+
+
+def draw_loss_only(fig, preset_dir: Path) -> None:
+    validation_panel(fig.subplots(), preset_dir)
+
+
+def draw(preset_dir: Path, out: Path) -> None:
+    """The experiment's figure as out.png and out.pdf (stable bytes: no creation date)."""
+    function, size = DRAW.get(preset_dir.parent.name, (draw_loss_only, (6, 4)))
+    fig = plt.figure(figsize=size)
+    function(fig, preset_dir)
+    for ax in fig.axes:
+        if isinstance(ax.yaxis.get_major_formatter(), matplotlib.ticker.ScalarFormatter):
+            ax.yaxis.get_major_formatter().set_useOffset(False)  # absolute values on the axis, no "+5.372"
+        if ax.get_legend() is not None:
+            sns.move_legend(ax, "best", fontsize=7, title=None)
+    fig.suptitle(f"{preset_dir.parent.name} ({preset_dir.name} preset)")
     fig.tight_layout()
-    for suffix in (".png", ".pdf"):
-        fig.savefig(out.with_suffix(suffix), dpi=150)
+    fig.savefig(out.with_suffix(".png"), dpi=150, metadata={"Software": None})
+    fig.savefig(out.with_suffix(".pdf"), metadata={"CreationDate": None, "Producer": None, "Creator": None})
     plt.close(fig)
 
 
 def main(results: Path = Path("results"), out_dir: Path = Path("paper_figures")) -> list[Path]:
+    sns.set_theme(style="whitegrid", context="paper")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     written = []
-    for runs_dir in sorted(results.glob("*/*/runs")):
-        preset_dir = runs_dir.parent
-        curves = validation_curves(runs_dir)
-        if curves.empty:
-            continue
-        out = out_dir / f"{preset_dir.parent.name}_{preset_dir.name}"
-        draw(curves, f"{preset_dir.parent.name} ({preset_dir.name} preset)", out)
+    for table in sorted(Path(results).glob("*/*/table.csv")):
+        out = Path(out_dir) / f"{table.parent.parent.name}_{table.parent.name}"
+        draw(table.parent, out)
         written.append(out.with_suffix(".png"))
     return written
 

@@ -1,21 +1,31 @@
-"""The analytic communication model against closed forms written out by hand, and the paper-settings table.
-(Measured bytes are checked against it in test_sync.py and test_sync_distributed.py.)"""
+"""The analytic communication and memory model against closed forms written out by hand, the optimizers' real state,
+and the paper-settings table. (Measured bytes are checked against it in test_sync.py and test_sync_distributed.py,
+measured collectives and state in test_experiments_smoke.py.)"""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import torch
 
 from lowcomm.distributed.accounting import (
     ParamShapes,
     analytic_bytes_at,
     analytic_bytes_per_step,
+    analytic_collectives_per_step,
+    analytic_optimizer_state,
+    analytic_sync_state,
     main,
     model_shapes,
     paper_table,
+    param_shapes,
     setup_bytes,
+    state_summary,
 )
+from lowcomm.distributed.sync import optimizer_state_bytes
+from lowcomm.model import Transformer, model_config
+from lowcomm.optim import build_optimizer
 
 M = 4
 RING = 2 * (M - 1) / M * 4  # bytes per worker per fp32 number of an all-reduce
@@ -142,3 +152,67 @@ def test_entry_point_prints_the_table(capsys):
     out = capsys.readouterr().out
     assert "amortized over 1000 steps" in out and "fp32" in out
     assert "lordo-720m: lowrank_ddp / lordo" in out and "paper: about 25x" in out
+
+
+@pytest.mark.parametrize("options, steady", [
+    ({"name": "ddp"}, 1),
+    ({"name": "dion", "rank": R}, 3),  # the other parameters' G, then P, then W
+    ({"name": "lowrank_ddp", "rank": R, "basis_refresh_every": 10}, 2 + 1 / 10),  # Q^T G, the rest's G, refresh
+    ({"name": "lordo", "sync_every": 8, "rank": R}, 3 / 8),  # Delta, u, v every K
+    ({"name": "diloco", "sync_every": 8}, 1 / 8),
+])
+def test_collectives_per_step_match_the_closed_forms(options, steady):
+    assert analytic_collectives_per_step(options, SHAPES) == pytest.approx(steady)
+
+
+def test_lordo_first_step_collective_is_amortized():
+    options = {"name": "lordo", "sync_every": 8, "rank": R}
+    assert analytic_collectives_per_step(options, SHAPES, steps=16) == pytest.approx((1 + 2 * 3) / 16)
+
+
+def smoke_optimizer_state(optim: dict) -> dict:
+    """The optimizer's state bytes by kind after one real step on the smoke model (bases installed when external)."""
+    torch.manual_seed(0)
+    model = Transformer(model_config("smoke"))
+    optimizer = build_optimizer(optim, model)
+    if hasattr(optimizer, "set_bases_from") and optim.get("basis", "external") == "external":
+        optimizer.set_bases_from([torch.randn_like(p) for p in optimizer.lowrank_params()])
+    tokens = torch.randint(0, 512, (2, 16))
+    model.loss(tokens, tokens).backward()
+    optimizer.step()
+    return {k: v for k, v in optimizer_state_bytes(optimizer).items() if k not in ("rank", "erank")}
+
+
+@pytest.mark.parametrize("family, optim, options", [
+    ("adamw", {"name": "adamw"}, {}),
+    ("lowrank", {"name": "lordo_local_step", "rank": 8}, {"rank": 8}),
+    ("lowrank", {"name": "lordo_local_step", "rank": 4, "error_feedback": False, "basis": "local"}, {"rank": 4}),
+    ("muon", {"name": "muon"}, {}),
+    ("dion", {"name": "dion"}, {"name": "dion", "rank_fraction": 0.25}),
+    ("dion", {"name": "ada_orth_dion"}, {"name": "dion", "rank_fraction": 0.25}),
+])
+def test_analytic_optimizer_state_matches_the_optimizers(family, optim, options):
+    shapes = param_shapes(Transformer(model_config("smoke")))
+    analytic = analytic_optimizer_state(family, shapes, options, error_feedback=optim.get("error_feedback", True))
+    assert analytic == smoke_optimizer_state(optim)
+
+
+def test_sync_state_and_its_summary():
+    assert analytic_sync_state({"name": "ddp"}, SHAPES) == {}
+    assert analytic_sync_state({"name": "diloco", "sync_every": 8}, SHAPES) == {"anchor": 4 * P, "outer_momentum": 4 * P}
+    assert analytic_sync_state({"name": "lordo", "sync_every": 8, "rank": R}, SHAPES) == {"anchor": 4 * P,
+                                                                                           "outer_momentum": 0}
+    summary = state_summary({"moments": 1, "bases": 2, "adamw_moments": 4, "error_feedback": 8, "anchor": 16,
+                             "outer_momentum": 32})
+    assert summary == {"optimizer_state_bytes": 7, "error_feedback_bytes": 8, "anchor_bytes": 48}
+
+
+def test_paper_table_state_ratios():
+    rows = {(r["size"], r["method"]): r for r in paper_table(steps=10_000)}
+    for size, d in (("lordo-125m", 768), ("lordo-720m", 2048)):
+        assert rows[size, "lordo"]["matrix_moments_ratio"] == pytest.approx(8)  # min(p, q) / r = d / (d / 8)
+        assert rows[size, "ddp"]["adamw_state_over_method"] == 1
+        assert rows[size, "lordo"]["anchor_mb"] == pytest.approx(rows[size, "ddp"]["optimizer_state_mb"] / 2)
+    assert rows["lordo-125m", "dion"]["collectives_per_step"] == 3
+    assert rows["lordo-125m", "ddp"]["comm_s_10gbps"] == pytest.approx(
+        rows["lordo-125m", "ddp"]["steady_mb"] * 8e6 / 10e9 + 50e-6)

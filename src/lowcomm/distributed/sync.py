@@ -256,12 +256,16 @@ class SyncEngine:
             self.pseudo.load_state_dict(sd)
 
     def metrics(self) -> dict[str, float]:
-        """Flat scalars: bytes on the wire at the last step by kind and in total so far, optimizer-state bytes by
-        kind (with the anchor and outer momentum apart), RMS of the update terms, subspace movement (radians)."""
+        """Flat scalars: bytes on the wire at the last step by kind and in total so far, collective calls since the
+        start-up broadcast, optimizer-state bytes by kind (with the anchor and outer momentum apart), RMS of the
+        update terms, subspace movement (radians)."""
         at_step = self.comm.wire_bytes_at(self.step)
         out = {f"comm/{kind}_bytes": float(at_step.get(kind, 0.0)) for kind in KINDS}
         out["comm/step_bytes"] = float(sum(at_step.values()))
         out["comm/cumulative_bytes"] = float(sum(self.comm.wire_bytes_by_kind().values()))
+        records = self.comm.records
+        setup = next((i for i, r in enumerate(records) if r.step > 0), len(records))  # step 0: the start-up broadcast
+        out["comm/training_collectives"] = float(len(records) - setup)
         for kind, n in optimizer_state_bytes(self.optimizer).items():
             out[f"memory/{kind}_bytes"] = float(n)
         if self.pseudo is not None:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from ..data import (SMOLLM_TOKENIZER, PackedSequences, ShardSampler, StreamingPacked, load_tokenizer, offline_streams,
-                    smollm_mixture)
+                    smollm_mixture, smollm_validation_texts, token_stream)
 from ..model import Transformer, model_config_from
 from ..optim import build_optimizer
 from ..results import RunDirectory, environment, last_checkpoint
@@ -70,7 +70,7 @@ class LanguageModelTask(L.LightningModule):
         tok = load_tokenizer(data.tokenizer or SMOLLM_TOKENIZER)
         rank, world = self.global_rank, self.trainer.world_size
         train = StreamingPacked(smollm_mixture(data, rank, world), tok, data.context)
-        return train, None
+        return train, PackedSequences(token_stream(smollm_validation_texts(data), tok), data.context)
 
     def setup(self, stage: str) -> None:
         self.train_set, self.val_set = self._streams()
@@ -86,9 +86,7 @@ class LanguageModelTask(L.LightningModule):
             return DataLoader(self.train_set, batch_size=data.batch_size, sampler=sampler, drop_last=True)
         return DataLoader(self.train_set, batch_size=data.batch_size)
 
-    def val_loader(self) -> DataLoader | None:
-        if self.val_set is None:
-            return None
+    def val_loader(self) -> DataLoader:
         sampler = ShardSampler(len(self.val_set), self.global_rank, self.trainer.world_size, seed=0, shuffle=False,
                                epochs=1)
         return DataLoader(self.val_set, batch_size=self.cfg.data.batch_size, sampler=sampler, drop_last=True)
@@ -111,8 +109,6 @@ class LanguageModelTask(L.LightningModule):
     def validation_loss(self) -> float:
         """Mean validation loss over `data.val_batches` batches per worker, averaged over workers."""
         loader = self.val_loader()
-        if loader is None:
-            return float("nan")
         was_training = self.model.training
         self.model.eval()
         total, count = torch.zeros((), device=self.device), 0

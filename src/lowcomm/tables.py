@@ -1,0 +1,349 @@
+"""Experiment tables from run records: one builder per table kind (`table.kind` of an experiment config).
+
+Every table has one row per label (a configuration over its seeds): the mean over seeds of every numeric field of
+the records and of the features derived here, sample standard deviations of the key ones (`<column>_std`), the
+number of seeds, the runs and the commits they came from. Kinds that compare rows add comparisons.csv:
+a - b with the two-standard-deviation verdict of lowcomm.stats. Derived per run:
+  optimizer_state_bytes / error_feedback_bytes / anchor_bytes   the record's memory/* split as the paper counts it
+  step_time_s            median over logged intervals of tokens per step / tokens per second (measured)
+  collectives_per_step   collective calls per training step (comm/training_collectives / steps)
+  nu_*_over_training, active_rank_share_over_training           from the logged metrics
+  angle_*_over_syncs     largest principal angle between consecutive bases, at the sync steps (t % K == 0)
+Modeled columns follow lowcomm.wallclock and carry their parameters (bandwidth, latency) as columns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from .distributed.accounting import model_shapes, state_summary
+from .optim.registry import optimizer_options
+from .results import read_record
+from .stats import difference, sample_std
+from .wallclock import BANDWIDTHS_GBPS, LATENCY_S, step_time, steps_to_reach
+
+KEY_STDS = ("final_val_loss", "final_val_ppl")
+
+
+@dataclass
+class RunResult:
+    """One finished run: its place in the grid (label, method, sweep value, seed, name), its record, its resolved
+    config and its metrics.csv."""
+
+    label: str
+    method: str
+    sweep_value: Any
+    seed: int
+    name: str
+    record: dict
+    config: DictConfig
+    metrics: pd.DataFrame
+
+    @classmethod
+    def load(cls, run, run_dir: Path) -> "RunResult":
+        """The run directory of a grid run (lowcomm.experiment.GridRun)."""
+        return cls(run.label, run.method, run.sweep_value, run.seed, run.name, read_record(run_dir),
+                   OmegaConf.load(run_dir / "config.yaml"), pd.read_csv(run_dir / "metrics.csv"))
+
+    def validation_curve(self) -> pd.DataFrame:
+        """(step, val_loss) at every validation point."""
+        return self.metrics.loc[self.metrics["val_loss"].notna(), ["step", "val_loss"]].reset_index(drop=True)
+
+    @property
+    def tokens_per_step(self) -> int:
+        c = self.config
+        return c.data.batch_size * c.data.context * c.train.devices * c.train.num_nodes
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _flatten(prefix: str, tree: Any) -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flatten(f"{prefix}/{key}", sub).items()}
+    return {prefix: tree}
+
+
+def _column_stat(metrics: pd.DataFrame, column: str, how: str) -> float:
+    if column not in metrics:
+        return math.nan
+    values = metrics[column].dropna()
+    return float(getattr(values, how)()) if len(values) else math.nan
+
+
+def sync_angles(run: RunResult) -> pd.Series:
+    """subspace/max_angle at the logged sync steps t % K == 0 (the angle between the bases before and after them)."""
+    m = run.metrics
+    if "subspace/max_angle" not in m:
+        return pd.Series(dtype=float)
+    at_sync = m[(m["step"] > 0) & (m["step"] % run.config.sync.get("sync_every", 1) == 0)]
+    return at_sync["subspace/max_angle"].dropna()
+
+
+def run_features(run: RunResult) -> dict[str, Any]:
+    """The record's numeric fields and the per-run features of the module docstring."""
+    rec, m = run.record, run.metrics
+    out = {k: v for k, v in rec.items() if _numeric(v)}
+    out.update(state_summary({k[len("memory/"):-len("_bytes")]: v for k, v in rec.items()
+                              if k.startswith("memory/") and k.endswith("_bytes")}))
+    rates = m["tokens_per_s"].dropna() if "tokens_per_s" in m else pd.Series(dtype=float)
+    out["step_time_s"] = float((run.tokens_per_step / rates[rates > 0]).median()) if (rates > 0).any() else math.nan
+    out["collectives_per_step"] = rec.get("comm/training_collectives", math.nan) / rec["steps"]
+    out["nu_mean_over_training"] = _column_stat(m, "spectral/nu_mean", "mean")
+    out["nu_max_over_training"] = _column_stat(m, "spectral/nu_max", "max")
+    out["active_rank_share_over_training"] = _column_stat(m, "spectral/active_rank_share", "mean")
+    angles = sync_angles(run)
+    out["angle_max_over_syncs"] = float(angles.max()) if len(angles) else math.nan
+    out["angle_median_over_syncs"] = float(angles.median()) if len(angles) else math.nan
+    for key, value in _flatten("downstream", rec.get("downstream", {})).items():
+        if key != "downstream" and (_numeric(value) or isinstance(value, str)):
+            out[key] = value  # a score, or the words saying why there is none (a task that cannot load offline)
+    return out
+
+
+def per_run_frame(results: list[RunResult]) -> pd.DataFrame:
+    """One row per run: label, method, sweep value, seed, run name, commit and its features."""
+    return pd.DataFrame([{"label": r.label, "method": r.method, "sweep_value": r.sweep_value, "seed": r.seed,
+                          "run": r.name, "commit": r.record.get("git_commit", "unknown"), **run_features(r)}
+                         for r in results])
+
+
+def summarize(runs: pd.DataFrame, std_of: tuple[str, ...] = ()) -> pd.DataFrame:
+    """One row per label (in first-appearance order): means of the numeric columns, `<column>_std` of KEY_STDS and
+    `std_of`, the seed count, the runs and the commits."""
+    rows = []
+    for label, group in runs.groupby("label", sort=False):
+        row = {"label": label, "method": group["method"].iloc[0], "sweep_value": group["sweep_value"].iloc[0]}
+        numeric = group.drop(columns=["seed", "sweep_value"]).select_dtypes("number")
+        row.update(numeric.mean().to_dict())
+        words = [c for c in group if c.startswith("downstream/") and c not in numeric]
+        row.update({c: " / ".join(sorted(set(group[c].dropna().astype(str)))) for c in words})
+        for col in (*KEY_STDS, *std_of):
+            row[f"{col}_std"] = sample_std(group[col]) if col in group else math.nan
+        row.update(seeds=len(group), runs=" ".join(group["run"]), commits=" ".join(sorted(set(group["commit"]))))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def compare_rows(table: pd.DataFrame, pairs: list[list[str]], metric: str = "final_val_loss") -> pd.DataFrame:
+    """For each pair [a, b] (or [a, b, metric]) of labels in `table`: a - b of the metric's mean over seeds with the
+    standard deviation of the difference and the verdict for a (stats.difference)."""
+    rows = []
+    by_label = table.set_index("label")
+    for pair in pairs:
+        a, b, col = (*pair, metric) if len(pair) == 2 else pair
+        if a not in by_label.index or b not in by_label.index:
+            continue
+        ra, rb = by_label.loc[a], by_label.loc[b]
+        n_a, n_b = int(ra.get(f"{col}_n", ra["seeds"])), int(rb.get(f"{col}_n", rb["seeds"]))
+        d = difference(ra[col], ra[f"{col}_std"], n_a, rb[col], rb[f"{col}_std"], n_b)
+        rows.append({"a": a, "b": b, "metric": col, "a_mean": ra[col], "b_mean": rb[col], "diff": d.diff,
+                     "diff_std": d.std, "a_seeds": n_a, "b_seeds": n_b, "verdict": d.verdict})
+    return pd.DataFrame(rows, columns=["a", "b", "metric", "a_mean", "b_mean", "diff", "diff_std", "a_seeds",
+                                       "b_seeds", "verdict"])
+
+
+def mean_curves(results: list[RunResult]) -> dict[str, pd.Series]:
+    """Per label: the validation loss at each validation step, averaged over seeds."""
+    frames = {}
+    for r in results:
+        frames.setdefault(r.label, []).append(r.validation_curve().set_index("step")["val_loss"])
+    return {label: pd.concat(curves, axis=1).mean(axis=1) for label, curves in frames.items()}
+
+
+def _reach(curve: pd.Series, target: float) -> float:
+    return steps_to_reach(list(curve.index), list(curve.values), target)
+
+
+def add_modeled_times(table: pd.DataFrame, steps: pd.Series, bandwidths: list[float], latency_s: float,
+                      name: str) -> None:
+    """Columns t_step_s_<bw>gbps and <name>_s_<bw>gbps = steps x t_step (lowcomm.wallclock), and the latency."""
+    table["modeled_latency_s"] = latency_s
+    for bw in bandwidths:
+        t = [step_time(c, b, n, bw, latency_s) for c, b, n in
+             zip(table["step_time_s"], table["bytes_per_step/total"], table["collectives_per_step"])]
+        table[f"t_step_s_{bw:g}gbps"] = t
+        table[f"{name}_s_{bw:g}gbps"] = steps.values * pd.Series(t).values
+
+
+def label_at(table: pd.DataFrame, method: str, value: Any) -> str | None:
+    """The label of run label `method` at sweep value `value` (compared as numbers), or None."""
+    rows = table[(table["method"] == method) & (table["sweep_value"].astype(float) == float(value))]
+    return rows["label"].iloc[0] if len(rows) else None
+
+
+def pairs_at_values(pairs: list[list[str]], table: pd.DataFrame) -> list[list[str]]:
+    """Sweep pairs [a, b] (or [a, b, metric]) of run labels, expanded to the table's labels at every sweep value."""
+    values = list(dict.fromkeys(table["sweep_value"]))
+    expanded = [[label_at(table, a, v), label_at(table, b, v), *rest] for v in values for a, b, *rest in pairs]
+    return [p for p in expanded if p[0] and p[1]]
+
+
+# ---------------------------------------------------------------------------------------------- kinds
+
+def methods_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+    """LoRDO's Table 3: loss and perplexity, downstream accuracy ('not evaluated' without a record's `downstream`),
+    bytes per worker per step and their ratio to each baseline, optimizer state and its ratio to AdamW's (the
+    `state_baseline` row), AdamW's moments of the hidden matrices over the low-rank moments, and the modeled time
+    to the final loss at `bandwidth_gbps`."""
+    table = summarize(per_run_frame(results))
+    by_label = table.set_index("label")
+    for base in params.get("baselines", []):
+        if base in by_label.index:
+            table[f"bytes_ratio_to_{base}"] = table["bytes_per_step/total"] / by_label.loc[base, "bytes_per_step/total"]
+    state_base = params.get("state_baseline")
+    if state_base in by_label.index:
+        base = by_label.loc[state_base]
+        table["state_ratio_to_adamw"] = table["optimizer_state_bytes"] / base["optimizer_state_bytes"]
+        if "memory/moments_bytes" in table:
+            table["matrix_moments_ratio"] = ((base["memory/adamw_moments_bytes"] - table["memory/adamw_moments_bytes"])
+                                             / table["memory/moments_bytes"].where(table["memory/moments_bytes"] > 0))
+    if not any(c.startswith("downstream/") for c in table):
+        table["downstream"] = "not evaluated"
+    curves = mean_curves(results)
+    steps = pd.Series([_reach(curves[label], loss) for label, loss in zip(table["label"], table["final_val_loss"])])
+    table["steps_to_final"] = steps
+    add_modeled_times(table, steps, [params.get("bandwidth_gbps", 10.0)], params.get("latency_s", LATENCY_S),
+                      "time_to_final")
+    return {"table": table, "comparisons": compare_rows(table, params.get("compare", []))}
+
+
+def optimizer_setting(cfg: DictConfig, key: str) -> float:
+    """An optimizer option of a resolved config with the optimizer's default filled in (NaN when it has none)."""
+    value = getattr(optimizer_options(OmegaConf.to_container(cfg.optim)), key, math.nan)
+    return math.nan if value is None else float(value)
+
+
+def stagnation_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+    """Loss, omega and weight decay per row, and the subspace movement at the syncs (largest principal angle
+    between consecutive bases: its maximum and median over the syncs)."""
+    runs = per_run_frame(results)
+    runs["omega"] = [optimizer_setting(r.config, "omega") for r in results]
+    runs["weight_decay"] = [optimizer_setting(r.config, "weight_decay") for r in results]
+    table = summarize(runs, ("angle_max_over_syncs",))
+    return {"table": table, "comparisons": compare_rows(table, params.get("compare", []))}
+
+
+def sweep_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+    """Loss per run label and sweep value; the `compare` pairs of run labels at every sweep value."""
+    table = summarize(per_run_frame(results))
+    pairs = pairs_at_values(params.get("compare", []), table)
+    comparisons = compare_rows(table, pairs)
+    comparisons.insert(0, "sweep_value", [table.set_index("label").loc[a, "sweep_value"] for a in comparisons["a"]])
+    return {"table": table, "comparisons": comparisons}
+
+
+def dion_rank(cfg: DictConfig) -> int:
+    """The largest rank ceil(rank_fraction x min(m, n)) over the hidden matrices of a Dion-family run."""
+    fraction = optimizer_setting(cfg, "rank_fraction")
+    model = OmegaConf.to_container(cfg.model)
+    shapes = model_shapes(model.pop("size"), **model)
+    return max(min(math.ceil(fraction * min(s)), min(s)) for s in shapes.lowrank)
+
+
+def nu_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+    """nu_t per method and rank: its mean over the logged steps (with the std over seeds), its maximum, its final
+    value, beside the rank r and Dion's bound sqrt(r)."""
+    runs = per_run_frame(results)
+    runs["rank"] = [dion_rank(r.config) for r in results]
+    table = summarize(runs, ("nu_mean_over_training",))
+    table["sqrt_rank"] = table["rank"] ** 0.5
+    return {"table": table}
+
+
+def beta_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+    """Loss per method and ef_beta; each beta against the `reference` beta of the same method."""
+    table = summarize(per_run_frame(results))
+    ref = params["reference"]
+    pairs = [[label, label_at(table, method, ref)] for label, method, value in
+             zip(table["label"], table["method"], table["sweep_value"]) if float(value) != float(ref)]
+    return {"table": table, "comparisons": compare_rows(table, [p for p in pairs if p[1]])}
+
+
+def convergence_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+    """Steps to reach the best validation loss of the `target` label (per seed: the target run of that seed), the
+    time that takes at the measured step time, the measured step time, and Ada-Orth-Dion's active rank share."""
+    target = params["target"]
+    best = {r.seed: r.validation_curve()["val_loss"].min() for r in results if r.label == target}
+    runs = per_run_frame(results)
+    runs["steps_to_target"] = [_reach(r.validation_curve().set_index("step")["val_loss"], best.get(r.seed, math.nan))
+                               for r in results]
+    runs["time_to_target_s"] = runs["steps_to_target"] * runs["step_time_s"]
+    table = summarize(runs, ("steps_to_target", "time_to_target_s", "step_time_s"))
+    reached = runs.groupby("label", sort=False)["steps_to_target"].agg(lambda s: int(s.notna().sum()))
+    table["steps_to_target_n"] = reached.values
+    table["target_label"] = target
+    return {"table": table, "comparisons": compare_rows(table, params.get("compare", []))}
+
+
+def communication_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+    """Measured bytes, collectives, step time and state per method at this size, and the modeled time per step
+    and time to the target loss (the worst final validation loss of the rows, so that every row reaches it) at
+    each bandwidth."""
+    table = summarize(per_run_frame(results))
+    curves = mean_curves(results)
+    target = float(table["final_val_loss"].max())
+    table["target_loss"] = target
+    steps = pd.Series([_reach(curves[label], target) for label in table["label"]])
+    table["steps_to_target"] = steps
+    add_modeled_times(table, steps, params.get("bandwidths_gbps", list(BANDWIDTHS_GBPS)),
+                      params.get("latency_s", LATENCY_S), "time_to_target")
+    return {"table": table}
+
+
+KINDS: dict[str, Callable[[list[RunResult], dict], dict[str, pd.DataFrame]]] = {
+    "methods": methods_table,
+    "stagnation": stagnation_table,
+    "sweep": sweep_table,
+    "nu": nu_table,
+    "beta": beta_table,
+    "convergence": convergence_table,
+    "communication": communication_table,
+}
+
+# Columns of table.md per kind (table.csv keeps every column); an entry ending in "/" shows every column it prefixes.
+SHOWN = {
+    "methods": ["label", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl", "final_val_ppl_std",
+                "downstream", "downstream/", "bytes_per_step/total", "bytes_ratio_to_ddp", "bytes_ratio_to_lowrank_ddp",
+                "optimizer_state_bytes", "state_ratio_to_adamw", "matrix_moments_ratio", "error_feedback_bytes",
+                "anchor_bytes", "time_to_final_s_10gbps"],
+    "stagnation": ["label", "seeds", "omega", "weight_decay", "final_val_loss", "final_val_loss_std", "final_val_ppl",
+                   "angle_max_over_syncs", "angle_median_over_syncs"],
+    "sweep": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl",
+              "final_val_ppl_std"],
+    "nu": ["label", "sweep_value", "seeds", "rank", "sqrt_rank", "nu_mean_over_training", "nu_mean_over_training_std",
+           "nu_max_over_training", "spectral/nu_mean", "final_val_loss"],
+    "beta": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"],
+    "convergence": ["label", "seeds", "final_val_loss", "final_val_loss_std", "steps_to_target", "steps_to_target_std",
+                    "steps_to_target_n", "step_time_s", "time_to_target_s", "active_rank_share_over_training"],
+    "communication": ["label", "seeds", "bytes_per_step/total", "collectives_per_step", "step_time_s",
+                      "optimizer_state_bytes", "final_val_loss", "steps_to_target", "t_step_s_1gbps",
+                      "t_step_s_10gbps", "t_step_s_100gbps", "time_to_target_s_1gbps", "time_to_target_s_10gbps",
+                      "time_to_target_s_100gbps"],
+}
+
+
+def build_tables(params: dict, results: list[RunResult]) -> dict[str, pd.DataFrame]:
+    """The tables of `params["kind"]` (the experiment config's `table` section) from the finished runs."""
+    kind = params.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"table.kind={kind!r} is unknown: use one of {sorted(KINDS)}")
+    return KINDS[kind](results, params)
+
+
+def markdown(tables: dict[str, pd.DataFrame], kind: str) -> str:
+    """table.md: the kind's shown columns of the main table, then every other table whole."""
+    parts = []
+    for name, table in tables.items():
+        shown = ([c for entry in SHOWN[kind] for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
+                 if name == "table" else list(table.columns))
+        parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g"))
+    return "\n\n".join(parts) + "\n"
+

@@ -1,0 +1,147 @@
+"""The experiment runner without training: the grid, run reuse, the verdict against a stored reference, the
+two-standard-deviation rule, the wall-clock model, and the provenance of committed tables."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from lowcomm.config import ConfigError
+from lowcomm.experiment import (compare_to_reference, config_difference, experiment_grid, load_spec,
+                                provenance_problems, resolved_config, stale_reason)
+from lowcomm.stats import difference, sample_std, within_reference
+from lowcomm.wallclock import step_time, steps_to_reach
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = """
+name: demo
+base: experiments/base.yaml
+sweep: {key: optim.rank, values: [8, 16], tag: r}
+presets:
+  smoke: {seeds: [0], labels: [lordo], sweep: [4], sweep_overrides: {"4": [train.steps=8]}, overrides: [optim.lr=1e-2]}
+  cpu:
+    seeds: [0, 1, 2]
+    overrides: [optim.lr=3e-3]
+    run_overrides: {lordo_local: [optim.error_feedback=false]}
+runs:
+  - {label: lordo, overrides: [method=lordo]}
+  - {label: lordo_local, overrides: [method=lordo_local], seeds: 1}
+table: {kind: sweep}
+"""
+
+
+@pytest.fixture
+def spec_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "config.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+def test_grid_expands_runs_sweep_values_and_seeds_with_caps(spec_path):
+    spec = load_spec(spec_path)
+    grid = experiment_grid(spec, "cpu")
+    assert [r.name for r in grid] == ["lordo_r8-s0", "lordo_r8-s1", "lordo_r8-s2", "lordo_r16-s0", "lordo_r16-s1",
+                                      "lordo_r16-s2", "lordo_local_r8-s0", "lordo_local_r16-s0"]
+    local = grid[-1]
+    assert (local.method, local.sweep_value, local.seed) == ("lordo_local", 16, 0)
+    cfg = resolved_config(spec, local, Path("/tmp/runs"))
+    assert (cfg.optim.rank, cfg.optim.error_feedback, cfg.optim.lr) == (16, False, 3e-3)
+    assert (cfg.train.seed, cfg.data.seed, cfg.run.name, cfg.train.progress_bar) == (0, 0, "lordo_local_r16-s0", False)
+    assert [r.name for r in experiment_grid(spec, "cpu", seeds=[5])][:2] == ["lordo_r8-s5", "lordo_r16-s5"]
+    smoke = experiment_grid(spec, "smoke")
+    assert [r.name for r in smoke] == ["lordo_r4-s0"]
+    cfg = resolved_config(spec, smoke[0], Path("/tmp/runs"))
+    assert (cfg.model.size, cfg.train.steps, cfg.optim.rank, cfg.optim.lr) == ("smoke", 8, 4, 1e-2)  # presets.yaml first
+
+
+@pytest.mark.parametrize("edit, match", [
+    ("name: demo\nbasis: x\n", "unknown key"),
+    (SPEC.replace("labels: [lordo]", "labels: [lordo_global]"), r"labels \['lordo_global'\]"),
+    (SPEC.replace("sweep_overrides", "sweeps"), r"presets.smoke has unknown key\(s\) \['sweeps'\]"),
+])
+def test_bad_experiment_configs_are_named(spec_path, edit, match):
+    spec_path.write_text(edit)
+    with pytest.raises(ConfigError, match=match):
+        load_spec(spec_path)
+
+
+def test_undefined_preset_is_named(spec_path):
+    with pytest.raises(ConfigError, match="preset 'paper' is not defined in demo"):
+        experiment_grid(load_spec(spec_path), "paper")
+
+
+def write_run(run_dir: Path, cfg, record: dict) -> None:
+    run_dir.mkdir(parents=True)
+    OmegaConf.save(cfg, run_dir / "config.yaml")
+    (run_dir / "record.json").write_text(json.dumps(record))
+
+
+def test_a_run_is_reused_only_when_complete_with_the_same_config(spec_path, tmp_path):
+    spec = load_spec(spec_path)
+    run = experiment_grid(spec, "cpu")[0]
+    cfg = resolved_config(spec, run, tmp_path / "runs")
+    assert stale_reason(tmp_path / "runs" / "missing", cfg) == "not run yet"
+    cases = {"complete": {"status": "complete"}, "old": {}, "interrupted": {"status": "interrupted"}}
+    for name, record in cases.items():
+        write_run(tmp_path / name, cfg, record)
+    assert stale_reason(tmp_path / "complete", cfg) is None
+    assert "no status" in stale_reason(tmp_path / "old", cfg)
+    assert "'interrupted'" in stale_reason(tmp_path / "interrupted", cfg)
+    other = resolved_config(spec, experiment_grid(spec, "cpu", extra=["optim.omega=0.5"])[0], tmp_path / "runs")
+    assert stale_reason(tmp_path / "complete", other) == "its config differs (optim.omega: stored '<absent>', now 0.5)"
+
+
+def test_config_difference_names_the_first_differing_key():
+    assert config_difference({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 2}}) is None
+    assert config_difference({"a": {"b": 1}}, {"a": {"b": 2}}) == "a.b: stored 1, now 2"
+
+
+def test_verdict_against_the_stored_reference_flags_three_std_not_one():
+    reference = pd.DataFrame({"label": ["a", "b", "c"], "final_val_loss": [4.0, 4.0, 4.0],
+                              "final_val_loss_std": [0.1, 0.1, math.nan], "seeds": [3, 3, 1]})
+    ours = pd.DataFrame({"label": ["a", "b", "c", "d"], "final_val_loss": [4.3, 3.9, 4.0, 4.0], "seeds": [1, 1, 1, 1]})
+    verdicts = compare_to_reference(ours, reference).set_index("label")
+    assert verdicts.loc["a", "verdict"] == "OUTSIDE 2 std" and verdicts.loc["a", "distance (std)"] == pytest.approx(3)
+    assert verdicts.loc["b", "verdict"] == "within 2 std" and verdicts.loc["b", "distance (std)"] == pytest.approx(1)
+    assert verdicts.loc["c", "verdict"] == "no stored spread"
+    assert verdicts.loc["d", "verdict"] == "no stored row"
+    assert within_reference(4.3, 4.0, 0.1) is False and within_reference(3.9, 4.0, 0.1) is True
+
+
+def test_two_standard_deviation_rule_for_a_difference_of_means():
+    assert sample_std([1.0, 2.0, 3.0]) == pytest.approx(1.0) and math.isnan(sample_std([1.0]))
+    # std of the difference: sqrt(0.1^2 / 2 + 0.1^2 / 2) = 0.1
+    assert difference(4.0, 0.1, 2, 4.3, 0.1, 2).verdict == "lower"
+    assert difference(4.0, 0.1, 2, 4.3, 0.1, 2).std == pytest.approx(0.1)
+    assert difference(4.25, 0.1, 2, 4.3, 0.1, 2).verdict == "tie"
+    assert difference(4.5, 0.1, 2, 4.3, 0.1, 2).verdict == "higher"
+    assert difference(4.0, math.nan, 1, 4.3, 0.1, 2).verdict == "no spread"
+
+
+def test_wall_clock_model_and_steps_to_a_target():
+    # 1 MB at 8 Gbit/s takes 1 ms; 3 collectives of 50 us
+    assert step_time(0.2, 1e6, 3, 8.0, 50e-6) == pytest.approx(0.2 + 1e-3 + 150e-6)
+    steps, losses = [0, 10, 20, 30], [8.0, 6.0, 5.0, 4.0]
+    assert steps_to_reach(steps, losses, 5.5) == pytest.approx(15.0)
+    assert steps_to_reach(steps, losses, 9.0) == 0.0
+    assert steps_to_reach(steps, losses, 4.0) == 30.0
+    assert math.isnan(steps_to_reach(steps, losses, 3.0))
+
+
+def committed_tables() -> list[tuple[str, str]]:
+    return sorted((p.parent.parent.name, p.parent.name) for p in (ROOT / "results").glob("*/*/table.csv"))
+
+
+def test_every_committed_table_row_traces_to_committed_runs(monkeypatch):
+    """Every results/<name>/<preset>/table.csv comes from experiments/<name>/ and every row from its stored runs."""
+    monkeypatch.chdir(ROOT)  # stored configs name results/ relative to the repository
+    for name, preset in committed_tables():
+        config = ROOT / "experiments" / name / "config.yaml"
+        assert config.exists(), f"results/{name}/{preset}/table.csv has no experiment config {config}"
+        assert provenance_problems(config, preset, Path("results")) == [], f"results/{name}/{preset}"

@@ -1,0 +1,152 @@
+"""The smoke preset of every experiment end to end (train on 2 gloo workers, aggregate, trace, draw, report), the
+runner's reuse of finished runs, and the provenance check catching a tampered run."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from lowcomm import experiment, report
+from lowcomm.distributed.accounting import (analytic_collectives_per_step, analytic_optimizer_state, analytic_sync_state,
+                                            model_shapes, paper_table, write_rows)
+from lowcomm.experiment import experiment_grid, load_spec, provenance_problems, run_experiment
+
+from test_figures import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """run(name) -> the experiment's smoke output directory, trained once per test module."""
+    out = tmp_path_factory.mktemp("smoke-results")
+    done: dict[str, Path] = {}
+
+    def run(name: str) -> Path:
+        if name not in done:
+            done[name] = run_experiment(ROOT / "experiments" / name / "config.yaml", "smoke", out)
+        return done[name]
+    return run
+
+
+def check_table3(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+    t = table.set_index("label")
+    assert t.loc["lordo", "bytes_ratio_to_ddp"] < t.loc["lowrank_ddp", "bytes_ratio_to_ddp"] < 1
+    assert t.loc["ddp", "state_ratio_to_adamw"] == 1
+    assert t.loc["lordo", "matrix_moments_ratio"] == pytest.approx(8)  # min(p, q) / r = 64 / 8 on every matrix
+    assert (t["downstream"] == "not evaluated").all()
+    assert (t["time_to_final_s_10gbps"] > 0).all() and (t["modeled_latency_s"] == 5e-5).all()
+    assert set(zip(comparisons["a"], comparisons["b"])) == {("lordo", "lowrank_ddp")}
+
+
+def check_stagnation(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+    t = table.set_index("label")
+    assert 0 < t.loc["lordo", "angle_max_over_syncs"] <= math.pi / 2 + 1e-6
+    assert t.loc["lordo_global_noqh", "omega"] == 1 and t.loc["lordo", "omega"] == pytest.approx(0.7)
+    assert list(comparisons["a"]) == ["lordo_global_noqh"]
+
+
+def check_sweep(value):
+    def check(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+        assert list(table["sweep_value"]) == [value, value]
+        assert list(comparisons["sweep_value"]) == [value] and comparisons["verdict"].iloc[0] == "no spread"
+    return check
+
+
+def check_nu(table: pd.DataFrame, comparisons) -> None:
+    t = table.set_index("method")
+    assert t.loc["orth_dion", "nu_max_over_training"] == pytest.approx(1.0, abs=1e-5)
+    assert (t["rank"] == 16).all() and (t["sqrt_rank"] == 4).all()  # ceil(0.25 x 64)
+    assert 1 - 1e-6 <= t.loc["dion", "nu_mean_over_training"] <= 4 + 1e-6
+
+
+def check_beta(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+    assert list(comparisons[["a", "b"]].itertuples(index=False, name=None)) == [("orth_dion_beta0.1", "orth_dion_beta1.0")]
+
+
+def check_convergence(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+    t = table.set_index("label")
+    assert t.loc["dion", "steps_to_target"] > 0 and t.loc["dion", "steps_to_target_n"] == 1
+    assert t.loc["orth_dion", "active_rank_share_over_training"] == 1  # a fixed rank keeps its cap
+    assert (t["step_time_s"] > 0).all()
+
+
+def check_communication(table: pd.DataFrame, comparisons) -> None:
+    """Measured collectives and state against the analytic model (smoke shapes, 16 steps, K = 8, r = 8)."""
+    t = table.set_index("label")
+    shapes = model_shapes("smoke", vocab_size=512)
+    lordo = {"name": "lordo", "sync_every": 8, "rank": 8}
+    assert t.loc["ddp", "collectives_per_step"] == analytic_collectives_per_step({"name": "ddp"}, shapes, 16) == 1
+    assert t.loc["lordo", "collectives_per_step"] == pytest.approx(analytic_collectives_per_step(lordo, shapes, 16))
+    expected = {**analytic_optimizer_state("lowrank", shapes, lordo), **analytic_sync_state(lordo, shapes)}
+    for kind, n in expected.items():
+        assert t.loc["lordo", f"memory/{kind}_bytes"] == n
+    assert (t["target_loss"] == t["final_val_loss"].max()).all()
+    assert t["time_to_target_s_1gbps"].ge(t["time_to_target_s_100gbps"]).all()
+
+
+CHECKS = {"table3_main": check_table3, "stagnation_ablation": check_stagnation, "rank_sweep": check_sweep(4),
+          "batch_size_sensitivity": check_sweep(2), "nu_measurement": check_nu, "beta_sweep": check_beta,
+          "orthdion_convergence": check_convergence, "communication": check_communication}
+
+
+@pytest.mark.parametrize("name", report.EXPERIMENTS)
+def test_smoke_preset_trains_aggregates_traces_draws_and_reports(name, smoke, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out_dir = smoke(name)
+    results = out_dir.parent.parent
+    config = ROOT / "experiments" / name / "config.yaml"
+    table = pd.read_csv(out_dir / "table.csv")
+    grid = experiment_grid(load_spec(config), "smoke")
+    assert list(table["label"]) == list(dict.fromkeys(run.label for run in grid))
+    assert (table["final_val_loss"] < table["initial_val_loss"]).all()
+    comparisons = pd.read_csv(out_dir / "comparisons.csv") if (out_dir / "comparisons.csv").exists() else None
+    CHECKS[name](table, comparisons)
+    assert provenance_problems(config, "smoke", results) == []
+    if name == "communication":
+        write_rows(paper_table(steps=1000), str(results / "communication" / "analytic.csv"))
+    load_script().draw(out_dir, tmp_path / name)
+    assert (tmp_path / f"{name}.png").stat().st_size > 10_000 and (tmp_path / f"{name}.pdf").exists()
+    claims = report.CLAIMS[name](report.Stored(results, name, "smoke"))
+    assert any(c.verdict != report.PENDING for c in claims), claims  # the claims whose rows the smoke preset has
+
+
+def test_finished_runs_are_reused_and_a_changed_config_is_rerun(smoke, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out_dir = smoke("stagnation_ablation")
+    for record in out_dir.glob("runs/*/record.json"):
+        record.write_text(json.dumps({**json.loads(record.read_text()), "status": "complete"}))
+    trained = []
+    monkeypatch.setattr(experiment, "train", lambda cfg: trained.append(cfg.run.name) or 1 / 0)
+    (out_dir / "table.csv").unlink()
+    config = ROOT / "experiments" / "stagnation_ablation" / "config.yaml"
+    run_experiment(config, "smoke", out_dir.parent.parent)
+    assert trained == [] and (out_dir / "table.csv").exists()  # every run reused, the tables rebuilt
+    stored = out_dir / "runs" / "lordo-s0" / "config.yaml"
+    OmegaConf.save(OmegaConf.merge(OmegaConf.load(stored), {"optim": {"lr": 1.0}}), stored)
+    with pytest.raises(ZeroDivisionError):
+        run_experiment(config, "smoke", out_dir.parent.parent)
+    assert trained == ["lordo-s0"] and not (out_dir / "runs" / "lordo-s0").exists()  # the stale run is replaced
+
+
+def test_provenance_check_catches_a_run_made_with_another_config_or_commit(smoke, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out_dir = smoke("table3_main")  # tampered in place: the stored configs name this directory
+    results = out_dir.parent.parent
+    config = ROOT / "experiments" / "table3_main" / "config.yaml"
+    assert provenance_problems(config, "smoke", results) == []
+    stored = out_dir / "runs" / "lordo-s0" / "config.yaml"
+    OmegaConf.save(OmegaConf.merge(OmegaConf.load(stored), {"optim": {"lr": 1.0}}), stored)
+    record = out_dir / "runs" / "ddp-s0" / "record.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "git_commit": "0" * 40}))
+    shutil.rmtree(out_dir / "runs" / "lowrank_ddp-s0")
+    problems = provenance_problems(config, "smoke", results)
+    assert len(problems) == 3, problems
+    assert problems[0].startswith("ddp: run ddp-s0 has commit '0000") and "no record.json" in problems[1]
+    assert problems[2].startswith("lordo: run lordo-s0 was made with another config (optim.lr")

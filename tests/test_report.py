@@ -1,0 +1,71 @@
+"""`make report`: the README sections are the generated ones, and verdicts follow the stored tables."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lowcomm import report
+from lowcomm.report import NOT_REPRODUCED, PENDING, REPRODUCED, TIE_WITHIN_NOISE, Stored
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_sections_are_generated_from_the_stored_results():
+    for path, text in report.generated_files(ROOT).items():
+        assert path.read_text() == text, f"{path} differs from its generated sections: run `make report`"
+
+
+def test_without_stored_tables_every_claim_is_pending(tmp_path):
+    for name in report.EXPERIMENTS:
+        claims = report.CLAIMS[name](Stored(tmp_path, name))
+        assert claims and {c.verdict for c in claims} == {PENDING}, name
+    assert "The cpu run is pending: `make rank_sweep OUT=results`" in report.experiment_section(tmp_path, "rank_sweep")
+    assert "The cpu run is pending: `make table3 OUT=results`" in report.readme_section(tmp_path)
+
+
+def write_table3(root: Path, verdicts: dict[tuple[str, str], str]) -> None:
+    out = root / "table3_main" / "cpu"
+    out.mkdir(parents=True)
+    # label: (loss, ppl, bytes / ddp's, bytes / lowrank_ddp's, state / AdamW's)
+    rows = {"ddp": (4.0, 90.0, 1.0, 2.5, 1.0), "lowrank_ddp": (4.1, 100.0, 0.4, 1.0, 0.4),
+            "lordo": (4.2, 105.0, 1 / 25.5, 1 / 6.8, 0.4), "lordo_local": (4.3, 110.0, 1 / 30, 1 / 8, 0.4),
+            "lordo_global_noqh": (4.4, 120.0, 1 / 25.5, 1 / 6.8, 0.4)}
+    pd.DataFrame([{"label": k, "final_val_loss": loss, "final_val_loss_std": 0.01, "final_val_ppl": ppl,
+                   "final_val_ppl_std": 1.0, "seeds": 3, "bytes_ratio_to_ddp": to_ddp,
+                   "bytes_ratio_to_lowrank_ddp": to_lr, "matrix_moments_ratio": 8.0, "state_ratio_to_adamw": state}
+                  for k, (loss, ppl, to_ddp, to_lr, state) in rows.items()]).to_csv(out / "table.csv", index=False)
+    pd.DataFrame([{"a": a, "b": b, "metric": "final_val_loss", "diff": 0.1, "diff_std": 0.01, "a_seeds": 3,
+                   "b_seeds": 3, "verdict": v} for (a, b), v in verdicts.items()]).to_csv(out / "comparisons.csv",
+                                                                                         index=False)
+
+
+def test_table3_verdicts_follow_the_stored_numbers(tmp_path):
+    write_table3(tmp_path, {("lordo", "lordo_local"): "lower", ("lordo", "lowrank_ddp"): "higher",
+                            ("lordo_global_noqh", "lordo"): "tie"})
+    claims = report.table3_claims(Stored(tmp_path, "table3_main"))
+    assert [c.verdict for c in claims] == [REPRODUCED, NOT_REPRODUCED, REPRODUCED, NOT_REPRODUCED, REPRODUCED,
+                                           TIE_WITHIN_NOISE]
+    assert claims[0].ours.startswith("25.5x") and claims[1].ours.startswith("6.8x")
+    assert "(5 %)" in claims[3].ours and "2.5x" in claims[2].ours  # whole model: 1 / 0.4
+
+
+@pytest.mark.parametrize("ours, claimed, verdict", [(26.7, 25, REPRODUCED), (6.8, 10, NOT_REPRODUCED),
+                                                    (12.5, 10, REPRODUCED), (float("nan"), 8, PENDING)])
+def test_about_n_x_is_within_thirty_percent(ours, claimed, verdict):
+    assert report.about(ours, claimed) == verdict
+
+
+def test_combined_verdict_is_the_weakest_part():
+    assert report.combine([REPRODUCED, REPRODUCED]) == REPRODUCED
+    assert report.combine([REPRODUCED, TIE_WITHIN_NOISE]) == TIE_WITHIN_NOISE
+    assert report.combine([TIE_WITHIN_NOISE, NOT_REPRODUCED]) == NOT_REPRODUCED
+
+
+def test_a_readme_without_markers_is_an_error(tmp_path):
+    path = tmp_path / "README.md"
+    with pytest.raises(ValueError, match="has no generated section"):
+        report.replace_between("# title\n", report.README_MARKERS, "body", path)
+    text = f"a\n{report.README_MARKERS[0]}\nold\n{report.README_MARKERS[1]}\nb\n"
+    assert report.replace_between(text, report.README_MARKERS, "new", path) == \
+        f"a\n{report.README_MARKERS[0]}\nnew\n{report.README_MARKERS[1]}\nb\n"

@@ -1,0 +1,92 @@
+"""Table builders on synthetic run records: columns against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from lowcomm.tables import RunResult, build_tables, per_run_frame, summarize
+
+CONFIG = {"data": {"batch_size": 4, "context": 10}, "train": {"devices": 2, "num_nodes": 1},
+          "sync": {"name": "lordo", "sync_every": 4}, "optim": {"name": "lordo_local_step"}, "model": {"size": "smoke"}}
+
+
+def run(label, seed, losses, method=None, sweep=None, angles=None, **record) -> RunResult:
+    """A finished run: validation losses at steps 0, 4, 8, ...; 80 tokens per step at 800 tokens/s (0.1 s/step)."""
+    steps = [4 * i for i in range(len(losses))]
+    metrics = pd.DataFrame({"step": steps, "val_loss": losses, "tokens_per_s": [math.nan] + [800.0] * (len(steps) - 1)})
+    if angles is not None:
+        metrics["subspace/max_angle"] = [math.nan] + angles
+    rec = {"final_val_loss": losses[-1], "final_val_ppl": math.exp(losses[-1]), "initial_val_loss": losses[0],
+           "steps": steps[-1], "git_commit": "abc", "bytes_per_step/total": 1e6, "comm/training_collectives": 8.0,
+           **record}
+    return RunResult(label, method or label, sweep, seed, f"{label}-s{seed}", rec, OmegaConf.create(CONFIG), metrics)
+
+
+def test_summary_means_sample_stds_seeds_runs_and_commits():
+    table = summarize(per_run_frame([run("a", 0, [8.0, 5.0]), run("a", 1, [8.0, 6.0]), run("b", 0, [8.0, 4.0])]))
+    a = table.set_index("label").loc["a"]
+    assert (a["final_val_loss"], a["final_val_loss_std"], a["seeds"]) == (5.5, pytest.approx(math.sqrt(0.5)), 2)
+    assert a["runs"] == "a-s0 a-s1" and a["commits"] == "abc"
+    assert a["step_time_s"] == pytest.approx(0.1) and a["collectives_per_step"] == pytest.approx(8 / 4)
+    assert list(table["label"]) == ["a", "b"] and math.isnan(table.set_index("label").loc["b", "final_val_loss_std"])
+
+
+def test_methods_table_ratios_state_downstream_and_modeled_time():
+    memory = {"ddp": {"memory/adamw_moments_bytes": 800.0},
+              "lordo": {"memory/moments_bytes": 50.0, "memory/bases_bytes": 10.0, "memory/adamw_moments_bytes": 400.0,
+                        "memory/error_feedback_bytes": 200.0, "memory/anchor_bytes": 300.0}}
+    results = [run("ddp", 0, [8.0, 5.0, 4.0], **memory["ddp"]),
+               run("lordo", 0, [8.0, 4.5, 4.6], **{**memory["lordo"], "bytes_per_step/total": 1e5})]
+    tables = build_tables({"kind": "methods", "baselines": ["ddp"], "state_baseline": "ddp", "bandwidth_gbps": 8,
+                           "latency_s": 1e-3, "compare": [["lordo", "ddp"]]}, results)
+    t = tables["table"].set_index("label")
+    assert t.loc["lordo", "bytes_ratio_to_ddp"] == pytest.approx(0.1)
+    assert t.loc["lordo", "optimizer_state_bytes"] == 460 and t.loc["lordo", "anchor_bytes"] == 300
+    assert t.loc["lordo", "state_ratio_to_adamw"] == pytest.approx(460 / 800)
+    assert t.loc["lordo", "matrix_moments_ratio"] == pytest.approx((800 - 400) / 50)
+    assert (t["downstream"] == "not evaluated").all()
+    # lordo's final loss 4.6 is first reached between steps 4 (4.5 <= 4.6): step 0 -> 4 interpolated
+    assert t.loc["lordo", "steps_to_final"] == pytest.approx(4 * (8.0 - 4.6) / (8.0 - 4.5))
+    t_step = 0.1 + 1e5 * 8 / 8e9 + 1e-3 * 8 / 8  # compute + bytes / bandwidth + latency x collectives per step
+    assert t.loc["lordo", "time_to_final_s_8gbps"] == pytest.approx(t.loc["lordo", "steps_to_final"] * t_step)
+    assert tables["comparisons"]["verdict"].tolist() == ["no spread"]
+
+
+def test_downstream_scores_and_words_become_columns():
+    results = [run("a", s, [8.0, 5.0], downstream={"arc_easy": {"acc": 0.3 + s / 10}, "mmlu": "needs the hub"})
+               for s in (0, 1)]
+    t = build_tables({"kind": "methods"}, results)["table"].iloc[0]
+    assert t["downstream/arc_easy/acc"] == pytest.approx(0.35) and t["downstream/mmlu"] == "needs the hub"
+    assert "downstream" not in t
+
+
+def test_convergence_steps_to_the_target_runs_best_loss_of_the_same_seed():
+    results = [run("dion", 0, [8.0, 6.0, 5.0]), run("orth", 0, [8.0, 5.5, 4.0]),
+               run("dion", 1, [8.0, 6.0, 4.0]), run("orth", 1, [8.0, 5.0, 4.5])]
+    t = build_tables({"kind": "convergence", "target": "dion"}, results)["table"].set_index("label")
+    # seed 0: target 5.0, orth reaches it at 4 + 4 (5.5 - 5.0) / 1.5; seed 1: target 4.0, orth never does
+    assert t.loc["orth", "steps_to_target"] == pytest.approx(4 + 4 * 0.5 / 1.5)
+    assert t.loc["orth", "steps_to_target_n"] == 1 and t.loc["dion", "steps_to_target"] == 8
+    assert t.loc["orth", "time_to_target_s"] == pytest.approx((4 + 4 * 0.5 / 1.5) * 0.1)
+
+
+def test_sweep_and_beta_comparisons_pair_rows_at_the_same_value():
+    sweep = [run(f"{m}_r{r}", s, [8.0, 5.0 + r / 100 + s / 1000 + (0.1 if m == "local" else 0)], method=m, sweep=r)
+             for m in ("global", "local") for r in (8, 16) for s in (0, 1)]
+    c = build_tables({"kind": "sweep", "compare": [["global", "local"]]}, sweep)["comparisons"]
+    assert list(zip(c["sweep_value"], c["a"], c["b"], c["verdict"])) == [(8, "global_r8", "local_r8", "lower"),
+                                                                        (16, "global_r16", "local_r16", "lower")]
+    betas = [run(f"dion_beta{b}", s, [8.0, 5.0 - b / 10], method="dion", sweep=b) for b in (0, 0.1, 1) for s in (0,)]
+    c = build_tables({"kind": "beta", "reference": 1.0}, betas)["comparisons"]
+    assert list(zip(c["a"], c["b"])) == [("dion_beta0", "dion_beta1"), ("dion_beta0.1", "dion_beta1")]
+
+
+def test_stagnation_angles_are_taken_at_sync_steps():
+    results = [run("lordo", 0, [8.0, 6.0, 5.0, 4.5, 4.2], angles=[0.5, 0.9, 0.7, 0.8], omega=0.7)]
+    t = build_tables({"kind": "stagnation"}, results)["table"].iloc[0]
+    assert t["angle_max_over_syncs"] == 0.9 and t["angle_median_over_syncs"] == pytest.approx(0.75)
+    assert t["omega"] == pytest.approx(0.7) and t["weight_decay"] == pytest.approx(0.1)  # LoRDO step defaults
