@@ -1,10 +1,14 @@
 import json
+import re
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
-from lowcomm import data
+from lowcomm import data, experiment
 from lowcomm.config import ConfigError, load_config
 from lowcomm.data import DataUnavailable
+from lowcomm.results import RunDirectory
 from lowcomm.train import main, train, validate
 
 SMOKE = ["model.size=smoke", "data.vocab_size=512", "data.context=64", "data.batch_size=8", "data.val_batches=4",
@@ -12,14 +16,39 @@ SMOKE = ["model.size=smoke", "data.vocab_size=512", "data.context=64", "data.bat
          "train.progress_bar=false", "optim.lr=3e-3"]
 
 
-def test_two_process_gloo_run_learns_and_ends_with_identical_replicas(tmp_path):
+def test_two_process_gloo_run_learns_and_ends_with_identical_replicas(tmp_path, capfd):
     cfg = load_config(None, SMOKE + [f"run.out_dir={tmp_path}", "run.name=smoke"])
     run_dir = train(cfg)
     record = json.loads((run_dir / "record.json").read_text())
+    assert record["status"] == "complete" and record["steps"] == 30
     assert record["world_size"] == 2
     assert record["final_val_loss"] < record["initial_val_loss"] - 0.5
     assert record["replicas_identical"] is True
     assert (run_dir / "config.yaml").exists() and (run_dir / "metrics.csv").read_text().count("\n") > 5
+    # train.progress_bar=false: a progress line every train.log_every steps, with the latest validation loss
+    lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == [f"{s}/30" for s in range(5, 31, 5)]
+    assert re.search(r"val_loss (\d+\.\d+) \(step 30\).* tok/s +ETA 0s$", lines[-1])[1] == f"{record['final_val_loss']:.4f}"
+
+
+def test_progress_bar_shows_the_latest_validation_loss(tmp_path, capfd):
+    cfg = load_config(None, SMOKE + ["train.devices=1", "train.steps=8", "train.val_every=4", "train.log_every=4",
+                                     "train.progress_bar=true", f"run.out_dir={tmp_path}", "run.name=bar"])
+    record = json.loads((train(cfg) / "record.json").read_text())
+    captured = capfd.readouterr()
+    shown = [float(v) for v in re.findall(r"val_loss=(\d+\.\d+)", captured.out + captured.err)]  # 3 digits
+    assert shown and shown[-1] == pytest.approx(record["final_val_loss"], abs=0.006)
+    assert abs(record["final_val_loss"] - record["initial_val_loss"]) > 0.1
+
+
+def test_a_run_name_in_use_is_refused_before_anything_is_written(tmp_path):
+    cfg = load_config(None, SMOKE + [f"run.out_dir={tmp_path}", "run.name=taken", "optim.lr=1e-3"])
+    RunDirectory(tmp_path / "taken").create(load_config(None, SMOKE))
+    (tmp_path / "taken" / "record.json").write_text('{"status": "complete"}')
+    before = (tmp_path / "taken" / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(cfg)
+    assert (tmp_path / "taken" / "config.yaml").read_text() == before
 
 
 def test_unknown_config_key_is_named():
@@ -51,3 +80,78 @@ def test_missing_corpus_package_is_an_error_before_training(monkeypatch, tmp_pat
 def test_cli_reports_bad_input_in_one_line(capsys):
     with pytest.raises(SystemExit, match="error: .*train.lernrate"):
         main(["train.lernrate=1"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.batch_size=0", "data.batch_size=0 must be >= 1"),
+    ("data.context=0", "data.context=0 must be >= 1"),
+    ("train.precision=17", "train.precision='17' is not supported"),
+    ("train.num_nodes=2", "train.num_nodes=2 needs .* torchrun or SLURM"),
+    ("optim.lr=-1", "^optim.lr=-1 is invalid"),
+    ("optim.betas=[0.9,2]", "^optim.betas has 2 at index 1"),
+    ("method=lordo optim.omega=2", "^optim.omega=2 is invalid"),
+    ("method=lordo optim.rank=0", "^optim.rank=0 is invalid"),
+    ("method=dion optim.rank_fraction=2", "^optim.rank_fraction=2 must lie in"),
+    ("run.name=../up", "run.name='../up' must be a plain directory name"),
+])
+def test_bad_settings_are_one_line_errors_naming_the_key(override, message, monkeypatch):
+    for launcher_variable in ("LOCAL_RANK", "GROUP_RANK", "SLURM_NTASKS"):
+        monkeypatch.delenv(launcher_variable, raising=False)
+    with pytest.raises(ConfigError, match=message) as err:
+        validate(load_config(None, SMOKE + override.split()))
+    assert "\n" not in str(err.value) and "param group" not in str(err.value)
+
+
+def test_gpu_without_a_gpu_is_an_error_before_start(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="train.accelerator=gpu but torch sees no CUDA GPU"):
+        validate(load_config(None, SMOKE + ["train.accelerator=gpu"]))
+
+
+def test_smollm_without_the_hub_fails_before_start():
+    with pytest.raises(DataUnavailable, match="hub access: use data.corpus=offline"):
+        validate(load_config(None, SMOKE + ["data.corpus=smollm"]))  # the tests run with HF_HUB_OFFLINE=1
+
+
+def test_malformed_yaml_names_file_line_and_column(tmp_path):
+    (tmp_path / "bad.yaml").write_text("train:\n  steps: 3\n   lr: 2\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3:\d+: mapping values are not allowed"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def fake_checkpoint(path, overrides, world_size=2):
+    """The files of a checkpoint `path` (.../stepNNNNNN.ckpt) with the metadata a resume reads first."""
+    cfg = OmegaConf.to_container(load_config(None, SMOKE + overrides))
+    for rank in range(world_size):
+        torch.save({"run_config": cfg, "world_size": world_size, "rank": rank}, path.with_suffix(f".rank{rank}.ckpt"))
+
+
+@pytest.mark.parametrize("written_with, resumed_with, message", [
+    ([], ["method=local_adam", "sync.sync_every=5"], "method=None there, local_adam here; sync.name=ddp there, "
+                                                     "local_adam here"),
+    ([], ["method=lordo", "sync.sync_every=5"], "optim.name=adamw there, lordo_local_step here"),
+    ([], ["train.devices=4"], "world size 2 there, 4 here"),
+    ([], ["model.d_model=128"], "model.d_model=64 there, 128 here"),
+    (["method=lordo", "sync.sync_every=5"], ["method=lordo", "sync.sync_every=5", "optim.rank=4"],
+     "optim.rank=None there, 4 here"),
+])
+def test_resuming_another_kind_of_run_says_what_differs(tmp_path, written_with, resumed_with, message):
+    checkpoint = tmp_path / "step000010.ckpt"
+    fake_checkpoint(checkpoint, written_with)
+    validate(load_config(None, SMOKE + written_with + ["optim.lr=1e-4", f"run.resume_from={checkpoint}"]))
+    with pytest.raises(ConfigError, match=f"run.resume_from=.* was written by another kind of run: .*{message}"):
+        validate(load_config(None, SMOKE + resumed_with + [f"run.resume_from={checkpoint}"]))
+
+
+def test_a_truncated_checkpoint_names_the_file_and_rank(tmp_path):
+    checkpoint = tmp_path / "step000010.ckpt"
+    fake_checkpoint(checkpoint, [])
+    rank1 = checkpoint.with_suffix(".rank1.ckpt")
+    rank1.write_bytes(rank1.read_bytes()[:200])
+    with pytest.raises(ConfigError, match=f"rank 1's file {re.escape(str(rank1))} is truncated or corrupt"):
+        validate(load_config(None, SMOKE + [f"run.resume_from={checkpoint}"]))
+
+
+def test_experiment_help_prints_the_usage(capsys):
+    experiment.main(["--help"])
+    assert "python -m lowcomm.experiment" in capsys.readouterr().out

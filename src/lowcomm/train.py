@@ -7,42 +7,26 @@ stopped by SIGINT / SIGTERM (its record says `status: interrupted` and names the
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 import signal
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from .checks import check_hub, check_launch, check_resume, optimizer_message
 from .config import ConfigError, load_config
-from .data import (SMOLLM_SOURCES, SMOLLM_TOKENIZER, DataUnavailable, hub_error, load_tokenizer, offline_streams,
-                   require_package)
+from .data import DataUnavailable, offline_streams, require_package
 from .distributed.options import sync_options
 from .distributed.sync import check_optimizer
 from .model import Transformer, model_config_from
 from .optim import build_optimizer
-from .optim.registry import OPTIMIZERS
 
 # fp32 master weights throughout (low-rank optimizers require them): full precision or autocast
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
-# torch.optim's messages, in the words of the config: (pattern, message)
-TORCH_OPTIM_MESSAGES = (
-    (r"Invalid learning rate: (?P<v>.+)", "optim.lr={v} is invalid: use lr >= 0"),
-    (r"Learning rate should be >= 0 but is: (?P<v>.+)", "optim.lr={v} is invalid: use lr >= 0"),
-    (r"Invalid epsilon value: (?P<v>.+)", "optim.eps={v} is invalid: use eps >= 0"),
-    (r"Invalid beta parameter at index (?P<i>\d): (?P<v>.+)", "optim.betas has {v} at index {i}: use betas in [0, 1)"),
-    (r"Invalid weight_decay value: (?P<v>.+)", "optim.weight_decay={v} is invalid: use weight_decay >= 0"),
-    (r"(?i:weight decay) should be >= 0 but is: (?P<v>.+)", "optim.weight_decay={v} is invalid: use weight_decay >= 0"),
-    (r"momentum should be >= 0 but is: (?P<v>.+)", "optim.momentum={v} is invalid: use momentum >= 0"),
-)
-# options a resumed run may change; any other difference in method, model, optim or sync refuses the checkpoint
-RESUME_MAY_CHANGE = ("optim.lr", "optim.adamw_lr")
 
 
 class RunEnded(Exception):
@@ -51,18 +35,6 @@ class RunEnded(Exception):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def optimizer_message(message: str, optim_cfg: dict) -> str:
-    """An optimizer's ValueError in the config's words: options as `optim.<key>`, no param-group numbers."""
-    message = re.sub(r"^(param group \d+|Dion param_groups\[\d+\]):? ", "", message)
-    for pattern, template in TORCH_OPTIM_MESSAGES:
-        match = re.fullmatch(pattern, message)
-        if match:
-            return template.format(**match.groupdict())
-    entry = OPTIMIZERS.get(optim_cfg.get("name"))
-    keys = {f.name for f in dataclasses.fields(entry.options)} if entry else set()
-    return re.sub(r"(?<![\w.])(\w+)(?==)", lambda m: f"optim.{m[1]}" if m[1] in keys else m[1], message)
 
 
 def validate(cfg: DictConfig) -> None:
@@ -124,95 +96,6 @@ def validate(cfg: DictConfig) -> None:
         check_resume(cfg)
     if cfg.data.corpus == "smollm":
         check_hub(cfg)
-
-
-def check_launch(cfg: DictConfig) -> None:
-    """Several nodes need a launcher (torchrun or SLURM) that started this process with the matching world size;
-    every node must name the same run directory."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
-
-    t = cfg.train
-    launched = TorchElasticEnvironment.detect() or SLURMEnvironment.detect()
-    if t.num_nodes > 1 and not launched:
-        raise ConfigError(f"train.num_nodes={t.num_nodes} needs one process per device on every node, started by "
-                          "torchrun or SLURM (see the README, 'On a GPU box and on several nodes'); without them "
-                          "set train.num_nodes=1")
-    if t.num_nodes > 1 and not cfg.run.name:
-        raise ConfigError(f"train.num_nodes={t.num_nodes}: set run.name, so that every node writes the same run "
-                          "directory")
-    world = int(os.environ.get("WORLD_SIZE", t.devices * t.num_nodes))
-    if launched and world != t.devices * t.num_nodes:
-        raise ConfigError(f"the launcher started {world} processes but train.devices x train.num_nodes = "
-                          f"{t.devices} x {t.num_nodes}: set them to the processes per node and the number of nodes")
-
-
-def checkpoint_file(resume_from: str | Path, rank: int) -> Path:
-    """Rank `rank`'s file of the checkpoint `.../stepNNNNNN.ckpt`."""
-    return Path(resume_from).with_suffix(f".rank{rank}.ckpt")
-
-
-def check_checkpoint_file(cfg: DictConfig, rank: int) -> Path:
-    """The rank's checkpoint file, when it exists and is a whole zip archive (every member's CRC checked)."""
-    path = checkpoint_file(cfg.run.resume_from, rank)
-    if not path.exists():
-        raise ConfigError(f"run.resume_from={cfg.run.resume_from}: rank {rank}'s file {path} does not exist; "
-                          "give the path as .../checkpoints/stepNNNNNN.ckpt")
-    try:
-        with zipfile.ZipFile(path) as archive:
-            member = archive.testzip()
-        bad = None if member is None else f"{member} fails its CRC check"
-    except (zipfile.BadZipFile, OSError) as err:
-        bad = str(err)
-    if bad is not None:
-        raise ConfigError(f"run.resume_from={cfg.run.resume_from}: rank {rank}'s file {path} is truncated or corrupt "
-                          f"({bad}): resume from an earlier checkpoint")
-    return path
-
-
-def flat(section, prefix: str) -> dict:
-    return {f"{prefix}.{k}": v for k, v in (section or {}).items()}
-
-
-def check_resume(cfg: DictConfig) -> None:
-    """run.resume_from: rank 0's checkpoint must come from a run of the same method, model, optimizer and sync
-    options (learning rates may change) and world size (its stored run config is compared first), and every
-    rank's file must be whole."""
-    path = check_checkpoint_file(cfg, 0)
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    stored = checkpoint.get("run_config")
-    if stored is None:
-        raise ConfigError(f"run.resume_from={cfg.run.resume_from}: {path} holds no run config, so it was not written "
-                          "by lowcomm.train: start a new run without run.resume_from")
-    now = OmegaConf.to_container(cfg)
-    before_model = dataclasses.asdict(model_config_from(stored["model"]))
-    then = {"method": stored.get("method"), **flat(before_model, "model"), **flat(stored["optim"], "optim"),
-            **flat(stored["sync"], "sync")}
-    here = {"method": now["method"], **flat(dataclasses.asdict(model_config_from(cfg.model)), "model"),
-            **flat(now["optim"], "optim"), **flat(now["sync"], "sync")}
-    differences = [f"{k}={then.get(k)} there, {here.get(k)} here" for k in dict.fromkeys([*then, *here])
-                   if then.get(k) != here.get(k) and k not in RESUME_MAY_CHANGE]
-    world = cfg.train.devices * cfg.train.num_nodes
-    if checkpoint["world_size"] != world:
-        differences.append(f"world size {checkpoint['world_size']} there, {world} here (train.devices x train.num_nodes)")
-    if differences:
-        raise ConfigError(f"run.resume_from={cfg.run.resume_from} was written by another kind of run: "
-                          f"{'; '.join(differences)}: resume with the checkpoint's settings, or start a new run")
-    for rank in range(1, world):
-        check_checkpoint_file(cfg, rank)
-
-
-def check_hub(cfg: DictConfig) -> None:
-    """data.corpus=smollm: the tokenizer loads and, without data.data_files, the hub answers for the corpus."""
-    load_tokenizer(cfg.data.tokenizer or SMOLLM_TOKENIZER)
-    if cfg.data.data_files:
-        return
-    from huggingface_hub import HfApi
-
-    for repo in sorted({src["path"] for src in SMOLLM_SOURCES.values()}):
-        try:
-            HfApi().dataset_info(repo, timeout=10)
-        except Exception as err:  # noqa: BLE001  (any hub failure becomes one clear line)
-            raise hub_error(f"dataset {repo}", err) from None
 
 
 def run_name(cfg: DictConfig) -> str:

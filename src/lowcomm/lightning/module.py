@@ -137,7 +137,7 @@ class LanguageModelTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Besides the training state: the validation history, and the run config and world size that a resume
-        is checked against (lowcomm.train.check_resume)."""
+        is checked against (lowcomm.checks.check_resume)."""
         checkpoint["val_history"] = self.val_history
         checkpoint["run_config"] = OmegaConf.to_container(self.cfg)
         checkpoint["world_size"] = self.trainer.world_size

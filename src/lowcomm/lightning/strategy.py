@@ -55,6 +55,7 @@ class SyncStrategy(DDPStrategy):
         self.clip_total = ClipCounter()
 
     def _configure_launcher(self) -> None:
+        """Spawned workers run under the SupervisedLauncher (signals forwarded, a failed worker ends the run)."""
         if self._start_method == "spawn":
             self._launcher = SupervisedLauncher(self, stop_grace_s=self.collective_timeout_s)
         else:

@@ -1,0 +1,157 @@
+"""Faults after start-up, on real spawned gloo workers: signals, a killed worker, a diverging loss."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lowcomm.config import load_config
+from lowcomm.train import main, train, validate
+
+from test_train import SMOKE
+
+
+def strict_json(path: Path) -> dict:
+    """The JSON file, refusing the non-standard constants NaN and Infinity."""
+    def refuse(name):
+        raise ValueError(f"{path} holds {name}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    with open(run_dir / "metrics.csv") as f:
+        return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r["loss"]}
+
+
+def descendants(pid: int) -> list[int]:
+    """Live (not zombie) processes under `pid`, from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def workers_by_rank(pid: int) -> list[int]:
+    """The spawned workers of the training process `pid`, in start order (= rank order)."""
+    def started(p):
+        return int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+    spawned = [p for p in descendants(pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return sorted(spawned, key=started)
+
+
+def start_run(out_dir: Path, *overrides: str) -> subprocess.Popen:
+    """`python -m lowcomm.train` on the smoke config in its own session (a process group, as in a terminal)."""
+    args = [sys.executable, "-m", "lowcomm.train", *SMOKE, f"run.out_dir={out_dir}", "run.name=run", *overrides]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_until(condition, proc: subprocess.Popen, timeout: float = 180) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the run ended early:\n{proc.communicate()[1][-3000:]}"
+        assert time.monotonic() < end, "the run did not get there in time"
+        time.sleep(0.05)
+
+
+def checkpoint_done(run_dir: Path, step: int) -> bool:
+    return all((run_dir / "checkpoints" / f"step{step:06d}.rank{r}.ckpt").exists() for r in range(2))
+
+
+def logged_step(run_dir: Path) -> int:
+    try:
+        return max(losses(run_dir), default=0)
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def assert_no_process_left(pids: list[int]) -> None:
+    end = time.monotonic() + 10
+    while any(Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+              for p in pids):
+        assert time.monotonic() < end, f"processes outlived the run: {pids}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("signum, whole_group", [(signal.SIGTERM, False), (signal.SIGINT, True)],
+                         ids=["SIGTERM to the parent", "SIGINT to the process group (Ctrl-C)"])
+def test_a_signal_stops_every_worker_and_records_an_interrupted_run(tmp_path, signum, whole_group):
+    proc = start_run(tmp_path, "train.steps=2000", "run.checkpoint_every=8")
+    run_dir = tmp_path / "run"
+    try:
+        wait_until(lambda: checkpoint_done(run_dir, 8), proc)
+        processes = descendants(proc.pid)
+        os.killpg(proc.pid, signum) if whole_group else proc.send_signal(signum)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum
+    assert err.strip().splitlines()[-1].startswith(f"error: interrupted by {signal.Signals(signum).name} after step")
+    assert_no_process_left(processes)
+    record = strict_json(run_dir / "record.json")
+    assert record["status"] == "interrupted" and record["signal"] == signal.Signals(signum).name
+    assert 8 <= record["stopped_at_step"] < 2000 and not (run_dir / "model.pt").exists()
+    checkpoint = Path(record["last_checkpoint"])
+    assert checkpoint.parent == run_dir / "checkpoints" and checkpoint.name.startswith("step")
+    validate(load_config(None, SMOKE + ["train.steps=2000", f"run.resume_from={checkpoint}"]))  # whole, compatible
+
+
+def test_a_killed_worker_ends_the_run_and_its_checkpoint_resumes_it_exactly(tmp_path):
+    common = ["train.steps=64", "run.checkpoint_every=16", "train.collective_timeout_s=20"]
+    proc = start_run(tmp_path, *common)
+    killed_dir = tmp_path / "run"
+    try:
+        wait_until(lambda: checkpoint_done(killed_dir, 32) and logged_step(killed_dir) >= 36, proc)
+        processes = descendants(proc.pid)
+        rank1 = workers_by_rank(proc.pid)[1]
+        killed_at = time.monotonic()
+        os.kill(rank1, signal.SIGKILL)
+        _, err = proc.communicate(timeout=90)
+        detected_s = time.monotonic() - killed_at
+    finally:
+        proc.kill()
+    record = strict_json(killed_dir / "record.json")
+    message = err.strip().splitlines()[-1]
+    assert proc.returncode == 1, err[-3000:]
+    assert message.startswith("error: worker rank 1 was killed by SIGKILL") and record["last_checkpoint"] in message
+    assert record["status"] == "failed"
+    assert_no_process_left(processes)
+
+    checkpoint = record["last_checkpoint"]
+    resumed = train(load_config(None, SMOKE + common + [f"run.out_dir={tmp_path}", "run.name=resumed",
+                                                        f"run.resume_from={checkpoint}"]))
+    before, after = losses(killed_dir), losses(resumed)
+    start = int(Path(checkpoint).stem[4:])
+    overlap = [s for s in after if s in before and s > start]
+    assert overlap, (start, sorted(before))
+    for step in overlap:  # the killed run was uninterrupted up to the kill
+        assert after[step] == pytest.approx(before[step], abs=1e-6)
+    print(f"detected in {detected_s:.1f}s; steps lost {max(before) - start}; resumed to step {max(after)}")
+
+
+def test_a_nonfinite_loss_stops_the_run_with_a_diverged_record(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(SMOKE + ["optim.lr=1e6", f"run.out_dir={tmp_path}", "run.name=run"])
+    assert exit_.value.code == 1
+    record = strict_json(tmp_path / "run" / "record.json")
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert record["status"] == "diverged" and record["stopped_at_step"] < 30
+    assert f"not finite at step {record['stopped_at_step']}" in message and "lower optim.lr" in message
+    assert not (tmp_path / "run" / "model.pt").exists()

@@ -1,0 +1,75 @@
+"""Run directories and records: one run per directory, record.json written last, atomically, as strict JSON."""
+
+import json
+
+import pytest
+
+from lowcomm import results
+from lowcomm.config import ConfigError, load_config
+from lowcomm.results import RunDirectory, completed_record, last_checkpoint
+
+
+def test_a_directory_holding_another_run_is_refused_unless_overwrite(tmp_path):
+    cfg = load_config(None, [f"run.out_dir={tmp_path}"])
+    old = RunDirectory(tmp_path / "run")
+    old.create(cfg)
+    old.write_record({"status": "complete"})
+    (old.path / "model.pt").write_text("old weights")
+    with pytest.raises(ConfigError, match="already holds a run .*status complete.*run.name.*run.overwrite=true"):
+        RunDirectory(tmp_path / "run").create(cfg)
+    assert (old.path / "model.pt").exists()
+    RunDirectory(tmp_path / "run").create(cfg, overwrite=True)
+    assert sorted(p.name for p in old.path.iterdir()) == ["config.yaml"]
+
+
+def test_an_out_dir_that_cannot_be_written_is_named(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    cfg = load_config(None, [f"run.out_dir={tmp_path / 'a_file'}"])
+    with pytest.raises(ConfigError, match="run.out_dir=.*a_file.*cannot write"):
+        RunDirectory(tmp_path / "a_file" / "run").create(cfg)
+
+
+def test_record_is_strict_json_with_nonfinite_numbers_as_null(tmp_path):
+    run = RunDirectory(tmp_path)
+    run.write_record({"status": "diverged", "loss": float("nan"), "ppl": float("inf"), "history": [1.0, float("-inf")]})
+    text = (tmp_path / "record.json").read_text()
+    record = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in record.json"))
+    assert record["loss"] is None and record["ppl"] is None and record["history"] == [1.0, None]
+    with pytest.raises(ValueError, match="status"):
+        run.write_record({"final_val_loss": 1.0})
+
+
+def test_record_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    run = RunDirectory(tmp_path)
+    run.write_record({"status": "interrupted", "steps": 8})
+
+    def fail_midway(obj, f, **kwargs):
+        f.write('{"status": "comp')
+        raise OSError("disk full")
+
+    monkeypatch.setattr(results.json, "dump", fail_midway)
+    with pytest.raises(OSError):
+        run.write_record({"status": "complete", "steps": 16})
+    assert json.loads((tmp_path / "record.json").read_text()) == {"status": "interrupted", "steps": 8,
+                                                                  "wall_time_s": pytest.approx(0, abs=60)}
+
+
+def test_only_a_complete_record_counts_as_a_finished_run(tmp_path):
+    assert completed_record(tmp_path) is None
+    (tmp_path / "record.json").write_text('{"status": "comp')
+    assert completed_record(tmp_path) is None
+    for status in ("interrupted", "diverged", "failed"):
+        RunDirectory(tmp_path).write_record({"status": status})
+        assert completed_record(tmp_path) is None
+    RunDirectory(tmp_path).write_record({"status": "complete", "final_val_loss": 3.0})
+    assert completed_record(tmp_path)["final_val_loss"] == 3.0
+
+
+def test_last_checkpoint_is_the_latest_with_every_rank(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    assert last_checkpoint(tmp_path, 2) is None
+    for name in ("step000008.rank0.ckpt", "step000008.rank1.ckpt", "step000016.rank0.ckpt", ".step000016.rank1.ckpt.tmp"):
+        (folder / name).write_text("")
+    assert last_checkpoint(tmp_path, 2) == folder / "step000008.ckpt"
+    assert last_checkpoint(tmp_path, 1) == folder / "step000016.ckpt"
