@@ -225,6 +225,12 @@ def run_dir(tmp_path_factory):
     return path
 
 
+def test_paper_tasks_are_indexed_without_lm_evals_whole_task_index():
+    manager = eval_tasks.task_manager([*eval_tasks.PAPER_TASKS, eval_tasks.OFFLINE_TASK])
+    assert {*eval_tasks.PAPER_TASKS, eval_tasks.OFFLINE_TASK} <= set(manager.all_tasks)
+    assert "gsm8k" not in manager.all_tasks  # in lm-eval's whole index, not in the paper tasks' folders
+
+
 def test_hub_task_without_network_fails_in_one_line_before_any_work(run_dir, tmp_path, monkeypatch):
     """Offline switches off and no route to the hub: the probe fails, datasets use local copies only, no retries."""
     import datasets

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
 OFFLINE_TASK = "heldout_passage_ending"
 PAPER_TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "mmlu")  # 0-shot, acc and acc_norm
+PAPER_TASK_FOLDERS = ("arc", "hellaswag", "piqa", "mmlu")  # where lm-eval's task tree defines them
 NEEDS_HUB = "needs hub"
 
 
@@ -63,14 +64,18 @@ def indexed_tasks(paths: tuple[str, ...], include_defaults: bool):
 
 
 def task_manager(names: list[str], include_path: str | Path | None = None):
-    """An lm-eval TaskManager over `tasks/` and `include_path`; lm-eval's own task index (seconds to build) is
-    added only when a name is not found there. An unknown name is a TaskUnavailable."""
+    """An lm-eval TaskManager over `tasks/`, `include_path` and the paper tasks' folders of lm-eval's task tree
+    (under a second to index); lm-eval's whole index (seconds) only when a name is found in none of them. An unknown
+    name is a TaskUnavailable."""
+    import lm_eval.tasks
+
     if include_path and not Path(include_path).is_dir():
         raise TaskUnavailable(f"--include-path {include_path} is not a directory of task YAML files")
-    paths = (str(TASKS_DIR), *([str(Path(include_path).resolve())] if include_path else []))
-    manager = indexed_tasks(paths, include_defaults=False)
+    own = (str(TASKS_DIR), *([str(Path(include_path).resolve())] if include_path else []))
+    harness = Path(lm_eval.tasks.__file__).parent
+    manager = indexed_tasks((*(str(harness / f) for f in PAPER_TASK_FOLDERS), *own), include_defaults=False)
     if not set(names) <= set(manager.all_tasks):
-        manager = indexed_tasks(paths, include_defaults=True)
+        manager = indexed_tasks(own, include_defaults=True)
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         raise TaskUnavailable(f"unknown task(s) {unknown}: use lm-eval task, group or tag names, "
