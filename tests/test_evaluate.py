@@ -10,12 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lm_eval.api.instance import Instance
+from lm_eval.api.registry import get_model
 from omegaconf import OmegaConf
 from torch import nn
 
 from lowcomm import eval_tasks
 from lowcomm.config import load_config
-from lowcomm.data import EOS, offline_split, train_bpe
+from lowcomm.data import EOS, bible_passages, offline_split, train_bpe
 from lowcomm.evaluate import LowcommLM, evaluate_run_dir, main, run_lm_eval, task_scores
 from lowcomm.model import ModelConfig, Transformer
 
@@ -202,12 +203,14 @@ def test_offline_task_is_rebuilt_identically_and_its_answers_follow_their_contex
     committed = [json.loads(line) for line in (folder / f"{eval_tasks.OFFLINE_TASK}.jsonl").read_text().splitlines()]
     assert items == committed
     assert 300 <= len(items) <= 600
-    validation = offline_split()[1]
+    validation, bible = offline_split()[1], set(bible_passages())
     for item in items[::17]:
         assert len(item["endings"]) == 4 and len(set(item["endings"])) == 4
         follows = [any(re.search(re.escape(item["ctx"]) + r"\s+" + re.escape(e), p) for p in validation)
                    for e in item["endings"]]
         assert follows == [i == item["label"] for i in range(4)]
+        same_source = [p for p in validation if (p in bible) == (item["source"] == "bible")]
+        assert all(any(e in p for p in same_source) for e in item["endings"])
 
 
 # ---------------------------------------------------------------- hub tasks offline, run records
@@ -256,6 +259,11 @@ def test_hub_task_without_network_fails_in_one_line_before_any_work(run_dir, tmp
     assert message.count("\n") == 0 and "arc_easy needs the Hugging Face hub" in message
     assert "HF_DATASETS_OFFLINE=1" in message
     assert len(lookups) == 1 and not out.exists() and list(tmp_path.iterdir()) == []  # one probe, no retries
+
+
+def test_lm_eval_builds_it_by_its_registered_name(run_dir):
+    lm = get_model("lowcomm").create_from_arg_string(f"pretrained={run_dir},batch_size=4", {"device": "cpu"})
+    assert isinstance(lm, LowcommLM) and lm.batch_size == 4 and lm.max_length == 64
 
 
 def test_command_line_writes_results_and_one_line_per_task(run_dir, tmp_path, capsys):
