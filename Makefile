@@ -57,6 +57,13 @@ experiments: $(EXPERIMENTS)
 accounting: install
 	$(PY) -m lowcomm.distributed.accounting --out $(OUT)/communication/analytic.csv
 
+# Downstream evaluation of a run's model with lm-evaluation-harness (python -m lowcomm.evaluate --help).
+.PHONY: eval
+TASKS ?= heldout_passage_ending
+eval: install
+	@test -n "$(RUN)" || { echo "error: give RUN=<run directory or its model.pt>, e.g. make eval RUN=runs/ddp-cpu-s0-..."; exit 2; }
+	$(PY) -m lowcomm.evaluate $(RUN) --tasks $(TASKS) $(EVAL_ARGS)
+
 # Figures from the stored results only: paper_figures/<experiment>_<preset>.{png,pdf}.
 figures: install
 	$(PY) paper_figures/make_figures.py
