@@ -15,12 +15,15 @@ An experiment config:
     runs: [{label: <row name>, overrides: [key=value, ...], seeds: <at most this many of the seeds>}, ...]
     sweep: {key: <config key>, values: [...], tag: <label suffix>}   # optional: every run at every value
     table: {kind: <lowcomm.tables kind>, ...}                        # the kind's parameters
+    downstream: [<lm-eval task>, ...]                                # optional: scored into each run's record
 Every preset starts from the overrides of experiments/presets.yaml for its name. Overrides apply in the order
 presets.yaml, preset, run, sweep value, run_overrides, command line, seed.
 
 A run is reused only when its record.json says `status: complete` and its stored config.yaml equals the run's
 resolved config; otherwise (or with --force) its directory is replaced by a new run. So an interrupted
-experiment resumes, and a changed config is rerun, never silently reused.
+experiment resumes, and a changed config is rerun, never silently reused. With `downstream`, every run whose
+record has no scores for those tasks is evaluated (lowcomm.evaluate.evaluate_run_dir; hub tasks record "needs hub"
+when the hub cannot be reached).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from .train import train, validate
 
 RESULTS = Path("results")
 SHARED_PRESETS = Path(__file__).resolve().parents[2] / "experiments" / "presets.yaml"
-SPEC_KEYS = {"name", "base", "presets", "runs", "sweep", "table"}
+SPEC_KEYS = {"name", "base", "presets", "runs", "sweep", "table", "downstream"}
 PRESET_KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides"}
 
 
@@ -197,16 +200,26 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
         run_dir = out_dir / "runs" / run.name
         if reason is None:
             progress.line(index, run, "reused (complete, same config)")
-            continue
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # a stale or partial run is replaced whole
-        progress.start(index, run, reason)
-        train(cfg)
-        progress.finish(index, run, read_record(run_dir))
+        else:
+            if run_dir.exists():
+                shutil.rmtree(run_dir)  # a stale or partial run is replaced whole
+            progress.start(index, run, reason)
+            train(cfg)
+            progress.finish(index, run, read_record(run_dir))
+        evaluate_downstream(run_dir, list(spec.get("downstream", [])))
     results = [RunResult.load(run, out_dir / "runs" / run.name) for run in grid]
     params = OmegaConf.to_container(spec.table)
     write_tables(build_tables(params, results), params["kind"], out_dir)
     return out_dir
+
+
+def evaluate_downstream(run_dir: Path, tasks: list[str]) -> None:
+    """Score the run's model on the tasks its record has no scores for (none: nothing to do)."""
+    missing = [t for t in tasks if t not in read_record(run_dir).get("downstream", {})]
+    if missing:
+        from .evaluate import evaluate_run_dir  # lm-eval is imported only when an experiment asks for it
+
+        evaluate_run_dir(run_dir, tasks=missing)
 
 
 def write_tables(tables: dict[str, pd.DataFrame], kind: str, out_dir: Path) -> None:
