@@ -3,7 +3,7 @@ STAMP   := .venv/.installed
 export HF_HOME := $(CURDIR)/.cache/hf
 export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 
-.PHONY: install test train bench accounting lordo_methods dion_methods figures clean
+.PHONY: install test train bench accounting lordo_methods dion_methods spectral_local_steps figures clean
 
 install: $(STAMP)
 
@@ -33,7 +33,7 @@ accounting: install
 
 # Experiments: results/<name>/<preset>/ (PRESET=cpu by default; PRESET=smoke for a quick check).
 PRESET ?= cpu
-lordo_methods dion_methods: install
+lordo_methods dion_methods spectral_local_steps: install
 	$(PY) -m lowcomm.experiment experiments/$@/config.yaml $(PRESET)
 
 # Figures from the stored results: paper_figures/<experiment>_<preset>.{png,pdf}.
