@@ -159,7 +159,7 @@ class GlobalBasis:
         self.install(grads)
 
     def install(self, matrices: list[torch.Tensor]) -> None:
-        """Q = top_basis(M) for each low-rank matrix's M (in lowrank_params() order)."""
+        """Q = top-r basis of the matching matrix for each of `params` (in that order), by set_bases_from."""
         old = [self.optimizer.state[p].get(self.key) for p in self.params]
         self.optimizer.set_bases_from(matrices)
         angles = {name: principal_angles(q, self.optimizer.state[p][self.key]).max().item()
