@@ -4,7 +4,7 @@ export HF_HOME := $(CURDIR)/.cache/hf
 export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 
 EXPERIMENTS := table3_main stagnation_ablation rank_sweep batch_size_sensitivity nu_measurement beta_sweep \
-               orthdion_convergence communication
+               orthdion_convergence communication spectral_local_steps
 
 .PHONY: install test train bench accounting table3 experiments $(EXPERIMENTS) figures report clean
 

@@ -64,6 +64,11 @@ def approx(d: dict) -> dict:
     ({"name": "dion", "rank": R}, {"factor": RING * sum((a + b) * R for a, b in SHAPES.lowrank), "gradient": RING * O}),
     ({"name": "orth_dion", "rank_fraction": 0.25},
      {"factor": RING * sum((a + b) * 16 for a, b in SHAPES.lowrank), "gradient": RING * O}),
+    ({"name": "orth_dion_local", "sync_every": 8}, {"pseudo_gradient": RING * P / 8, "optimizer_state": RING * L / 8}),
+    ({"name": "orth_dion_local", "sync_every": 8, "state_sync_m": 4, "state_sync_u": 16},
+     {"pseudo_gradient": RING * P / 8, "optimizer_state": RING * (L / 4 + O / 16)}),
+    ({"name": "lordo_orth_dion", "sync_every": 8}, {"pseudo_gradient": RING * P / 8, "optimizer_state": RING * L / 8}),
+    ({"name": "lordo_orth_dion", "sync_every": 8, "state_sync_m": 0}, {"pseudo_gradient": RING * P / 8}),
 ])
 def test_steady_state_bytes_match_the_closed_forms(options, expected):
     assert steady(options) == approx(expected)
@@ -101,6 +106,13 @@ def test_lordo_first_step_gradient_is_a_one_off():
         {"pseudo_gradient": RING * P, "optimizer_state": RING * 2 * S})
     amortized = analytic_bytes_per_step(options, SHAPES, M, steps=80)
     assert amortized == approx({**steady(options), "gradient": RING * L / 80})
+
+
+def test_lordo_orth_dion_sends_no_first_step_gradient():
+    """Dion's right factors start identical on every rank (seeded), so unlike LoRDO (D1) nothing goes out at step 1."""
+    options = {"name": "lordo_orth_dion", "sync_every": 8}
+    assert analytic_bytes_at(options, SHAPES, M, 1) == {}
+    assert analytic_bytes_per_step(options, SHAPES, M, steps=80) == approx(steady(options))
 
 
 def test_one_worker_sends_nothing_and_setup_broadcasts_the_parameters():

@@ -73,6 +73,36 @@ def test_step_matches_float64_reference(shape, normalization, ef_beta):
         torch.testing.assert_close(state["Q"].double(), ref_q, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(12, 7), (7, 12), (9, 9)], ids=["tall", "wide", "square"])
+def test_set_bases_from_installs_the_top_right_singular_vectors_and_keeps_the_buffer(shape):
+    """Q <- the top-r right singular vectors of tall(A) (float64 SVD; V of A when m >= n, U when m < n), signs fixed;
+    M unchanged bit for bit; the next step is the reference step warm-started from the new Q."""
+    hyper = dict(lr=0.02, mu=0.9, ef_beta=1.0, weight_decay=0.1)
+    x, opt = matrix_and_optimizer(shape, rank_fraction=0.5, normalization="qr", **hyper)
+    state = opt.state[x]
+    for g in random_gradients(shape, steps=2):
+        x.grad = g
+        opt.step()
+    buffer = state["momentum"].clone()
+    a = torch.randn(*shape, generator=torch.Generator().manual_seed(5))
+    opt.set_bases_from([a])
+    assert torch.equal(state["momentum"], buffer)
+    u, _, vh = torch.linalg.svd(a.double(), full_matrices=False)
+    rank = state["Q"].shape[1]
+    expected = (vh.T if shape[0] >= shape[1] else u)[:, :rank]
+    expected = expected * expected.gather(0, expected.abs().argmax(dim=0, keepdim=True)).sign()
+    torch.testing.assert_close(state["Q"].double(), expected, rtol=0, atol=1e-5)
+    (g,) = random_gradients(shape, steps=1, seed=9)
+    ref_x, ref_m, ref_q = reference_step(x.detach(), buffer, state["Q"], g, normalization="qr", lr=hyper["lr"],
+                                         mu=hyper["mu"], ef_beta=1.0, wd=hyper["weight_decay"])
+    x.grad = g.clone()
+    opt.step()
+    torch.testing.assert_close(x.detach().double(), ref_x, rtol=0, atol=1e-5)
+    torch.testing.assert_close(state["momentum"].double(), ref_m, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=r"set_bases_from got 2 matrices for 1 Dion matrices"):
+        opt.set_bases_from([a, a])
+
+
 def test_cholesky_qr_matches_householder():
     shape = (40, 24)
     grads = random_gradients(shape, steps=3)

@@ -39,6 +39,12 @@ def test_method_learns_and_keeps_replicas_identical(tmp_path, method):
         assert sorted(angles) == [8, 16] and max(angles.values()) < 1e-2, angles
     elif method == "lordo":  # the full-rank term moves it
         assert sorted(angles) == [8, 16] and min(angles.values()) > 0.1, angles
+    elif method == "lordo_orth_dion":  # Q from Delta at every sync
+        assert sorted(angles) == [8, 16], angles
+    if method in ("orth_dion_local", "lordo_orth_dion"):  # Orth-Dion without per-step communication
+        sent = {k for k, v in record.items() if k.startswith("bytes_per_step/") and v and k != "bytes_per_step/total"}
+        assert sent == {"bytes_per_step/pseudo_gradient", "bytes_per_step/optimizer_state"}, sent
+        assert record["spectral/nu_max"] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_dion_family_sends_factors_not_matrix_gradients(tmp_path):

@@ -40,6 +40,10 @@ METHODS = {
     "lordo_local": ({"name": "lordo_local", "sync_every": K},
                     {"name": "lordo_local_step", "rank": RANK, "basis": "local", "refresh_every": K}),
     "optimizer_sync": ({"name": "optimizer_sync"}, {"name": "orth_dion", "rank_fraction": 0.25}),
+    "muloco": ({"name": "diloco", "sync_every": K}, {"name": "muon"}),
+    "orth_dion_local": ({"name": "orth_dion_local", "sync_every": K, "state_sync_m": 2},
+                        {"name": "orth_dion", "rank_fraction": 0.25}),
+    "lordo_orth_dion": ({"name": "lordo_orth_dion", "sync_every": K}, {"name": "orth_dion", "rank_fraction": 0.25}),
 }
 
 
@@ -53,6 +57,15 @@ def build(method: str, comm: Communicator, seed: int = 0, sync: dict | None = No
     optimizer = build_optimizer(optim if "name" in optim else {**optim_cfg, **optim}, model)
     engine = build_sync_engine({**sync_cfg, **(sync or {})}, model, optimizer, comm)
     return model, optimizer, engine
+
+
+def bases(optimizer) -> list[torch.Tensor]:
+    """Each matrix's basis: LowRankAdam's Q, or the Dion family's right factor Q (none for other optimizers)."""
+    if hasattr(optimizer, "lowrank_params"):
+        return [optimizer.state[p]["basis"] for p in optimizer.lowrank_params()]
+    if hasattr(optimizer, "matrix_params"):
+        return [optimizer.state[p]["Q"] for p in optimizer.matrix_params()]
+    return []
 
 
 def analytic_options(method: str) -> dict:
@@ -101,6 +114,8 @@ def payload_by_step(comm: Communicator) -> dict[int, dict[str, float]]:
     ({"name": "local_adam", "state_sync_u": -1}, r"sync\.state_sync_u=-1"),
     ({"name": "lowrank_ddp", "lowrank_gradient": "sketched"}, r"sync\.lowrank_gradient='sketched'"),
     ({"name": "diloco", "outer_momentum": 1.0}, r"sync\.outer_momentum=1\.0"),
+    ({"name": "orth_dion_local", "state_sync_m": -1}, r"sync\.state_sync_m=-1 .*K_M"),
+    ({"name": "diloco", "probe_cosine": "yes"}, r"sync\.probe_cosine='yes' is invalid"),
 ])
 def test_bad_sync_config_fails_naming_the_key(cfg, match):
     with pytest.raises(ValueError, match=match):
@@ -115,6 +130,10 @@ def test_method_defaults():
     assert (lordo.outer, lordo.state_sync_u, lordo.state_sync_v, lordo.state_sync_scope) == (
         "average", 16, 16, "lowrank")
     assert sync_options({"name": "lordo_local"}).state_sync_u == 0
+    for name in ("orth_dion_local", "lordo_orth_dion"):
+        local = sync_options({"name": name, "sync_every": 8})
+        assert (local.outer, local.state_sync_m, local.state_sync_u, local.state_sync_v) == ("average", 8, 0, 0)
+    assert sync_options({"name": "diloco", "sync_every": 8}).state_sync_m == 0
     assert {cfg["name"] for cfg, _ in METHODS.values()} == set(METHOD_TABLE)
 
 
@@ -130,6 +149,11 @@ def test_method_defaults():
     ("local_adam", {"state_sync_scope": "lowrank"}, {}, r"state_sync_scope='lowrank' averages low-rank moments"),
     ("lordo_local", {"state_sync_u": K}, {}, r"each worker's own basis .* set sync\.state_sync_u=0"),
     ("local_adam", {}, {"name": "galore", "rank": RANK}, r"each worker's own basis"),
+    ("orth_dion_local", {}, {"name": "adamw"}, r"runs the Dion family locally .* set optim\.name='orth_dion'"),
+    ("lordo_orth_dion", {}, {"name": "dion"}, r"needs fixed-rank Orth-Dion: set optim\.name='orth_dion'"),
+    ("lordo_orth_dion", {}, {"name": "ada_orth_dion"}, r"needs fixed-rank Orth-Dion"),
+    ("diloco", {"state_sync_m": K}, {}, r"sync\.state_sync_m=4 averages Dion's buffers M, but AdamW has none"),
+    ("orth_dion_local", {"state_sync_scope": "lowrank"}, {}, r"state_sync_scope='lowrank' averages low-rank"),
 ])
 def test_optimizer_that_does_not_fit_the_method_fails_before_training(method, sync, optim, match):
     with pytest.raises(ValueError, match=match):
@@ -216,6 +240,15 @@ def test_steps_count_from_one():
         engine.before_optimizer_step(0)
 
 
+def test_local_dion_methods_run_dion_without_its_communicator():
+    for method in ("orth_dion_local", "lordo_orth_dion"):
+        comm = Communicator()
+        model, optimizer, _ = build("optimizer_sync", comm)
+        assert optimizer.communicator is comm
+        build_sync_engine(METHODS[method][0], model, optimizer, comm)
+        assert optimizer.communicator is None and not optimizer.distributed
+
+
 def test_optimizer_sync_only_hands_over_the_communicator():
     comm = Communicator()
     model, optimizer, engine = build("optimizer_sync", comm)
@@ -287,3 +320,60 @@ def test_stagnating_preset_and_the_stagnation_tests_agree_on_weight_decay():
     _, optim_cfg = METHODS["lordo_global_noqh"]
     assert cfg.optim.weight_decay == optim_cfg["weight_decay"] == 0.0
     assert cfg.optim.omega == optim_cfg["omega"] == 1.0
+
+
+def test_orth_dion_local_with_one_worker_and_k1_takes_the_steps_of_orth_dion():
+    """M = 1, K = 1: the pseudo-gradient sync only rewrites W as W_anchor + (W - W_anchor), so every step is Orth-Dion's
+    (to fp32 rounding), with the same buffer M and right factor Q."""
+    runs = {}
+    for method, sync in (("optimizer_sync", {}), ("orth_dion_local", {"sync_every": 1})):
+        model, optimizer, engine = build(method, Communicator(), sync=sync)
+        engine.setup()
+        start = [p.detach().clone() for p in model.parameters()]
+        for t in range(1, 7):
+            train_step(model, optimizer, engine, t, 0)
+        state = [optimizer.state[p][key] for p in optimizer.matrix_params() for key in ("momentum", "Q")]
+        runs[method] = [p.detach().clone() for p in model.parameters()] + state
+    assert max((a - b).abs().max().item() for a, b in zip(start, runs["optimizer_sync"])) > 1e-2
+    for local, reference in zip(runs["orth_dion_local"], runs["optimizer_sync"]):
+        torch.testing.assert_close(local, reference, rtol=0, atol=1e-5)
+
+
+def probe_run(method: str, probe: bool, optim: dict | None = None, clip: float | None = 1.0, steps: int = 2 * K):
+    """Weights, the method's ledger, and the metrics of every step of a one-worker run with or without the probe."""
+    comm = Communicator()
+    model, optimizer, engine = build(method, comm, sync={"probe_cosine": probe}, optim=optim)
+    engine.setup()
+    metrics = []
+    for t in range(1, steps + 1):
+        train_step(model, optimizer, engine, t, 0, clip=clip)
+        metrics.append(engine.metrics())
+    return [p.detach().clone() for p in model.parameters()], comm.records, metrics
+
+
+def test_probe_leaves_training_and_the_method_ledger_unchanged():
+    weights, records, metrics = probe_run("diloco", probe=False)
+    probed_weights, probed_records, probed_metrics = probe_run("diloco", probe=True)
+    assert all(torch.equal(a, b) for a, b in zip(weights, probed_weights))
+    assert probed_records == records
+    assert all("probe/pseudo_gradient_cosine" not in m for m in metrics)
+    measured = {t: m["probe/pseudo_gradient_cosine"] for t, m in enumerate(probed_metrics, 1)
+                if "probe/pseudo_gradient_cosine" in m}
+    assert sorted(measured) == [K, 2 * K]
+    assert all(0 < c < 0.999 for c in measured.values()), measured  # AdamW's direction is not the gradient's
+    assert all(m["comm/probe_bytes"] == 0.0 for m in probed_metrics)  # one worker: recorded, nothing on the wire
+
+
+def test_probe_cosine_is_one_for_plain_sgd():
+    """SGD without momentum, weight decay or clipping: Delta = -lr sum_t G_t exactly, so cos(Delta, -S) = 1."""
+    model = Transformer(model_config("smoke"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = build_sync_engine({"name": "diloco", "sync_every": K, "outer": "average", "probe_cosine": True}, model,
+                               optimizer, Communicator())
+    engine.setup()
+    for t in range(1, 2 * K + 1):
+        train_step(model, optimizer, engine, t, 0, clip=None)
+        if t % K == 0:
+            assert engine.metrics()["probe/pseudo_gradient_cosine"] == pytest.approx(1.0, abs=1e-6)
+    probe_payloads = {r.step: r.payload for r in engine.probe.comm.records}
+    assert probe_payloads == {t: 4 * sum(p.numel() for p in model.parameters()) for t in range(1, 2 * K + 1)}

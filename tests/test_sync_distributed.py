@@ -9,18 +9,20 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_sync import METHODS, analytic_options, batch, build, train_step
+from test_sync import METHODS, analytic_options, bases, batch, build, train_step
 
 from lowcomm.distributed.accounting import analytic_bytes_at, param_shapes, setup_bytes
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.sync import build_sync_engine
 from lowcomm.model import Transformer, model_config
+from lowcomm.optim import build_optimizer
 from lowcomm.optim.projection import principal_angles, projection_side, top_basis
 
 WORLD = 2
 K = 4
 STEPS = 3 * K  # three syncs
-GLOBAL_BASIS = ("lowrank_ddp", "lowrank_ddp_full", "lordo", "lordo_global_noqh")
+SHARED_BASES = ("lowrank_ddp", "lowrank_ddp_full", "lordo", "lordo_global_noqh", "lordo_orth_dion", "optimizer_sync")
+OWN_BASES = ("lordo_local", "orth_dion_local")  # each worker's own Q, from its own data
 
 
 def run_method(method: str, rank: int) -> dict:
@@ -35,7 +37,7 @@ def run_method(method: str, rank: int) -> dict:
         train_step(model, optimizer, engine, t, rank)
         weights = [p.detach().clone() for p in model.parameters()]
         if engine.is_sync_step(t):
-            synced[t] = {"weights": weights, "bases": [optimizer.state[p]["basis"].clone() for p in lowrank]}
+            synced[t] = {"weights": weights, "bases": [q.clone() for q in bases(optimizer)]}
             angles[t] = engine.metrics().get("subspace/max_angle")
         elif engine.is_sync_step(t + 1):
             between[t] = weights
@@ -43,21 +45,86 @@ def run_method(method: str, rank: int) -> dict:
             "shapes": param_shapes(model, lowrank or None)}
 
 
-def sgd_runs(rank: int) -> dict[str, list[torch.Tensor]]:
-    """Plain SGD, no momentum, no clipping: DDP, and pseudo-gradient averaging with K = 1."""
+def sgd_runs(rank: int) -> dict[str, list]:
+    """Plain SGD, no momentum, no clipping: DDP, pseudo-gradient averaging with K = 1, and with K = 5 and the probe
+    (its cosine at each sync, its own ledger and the method's)."""
     out = {}
-    for name, sync in (("ddp", {"name": "ddp"}), ("average", {"name": "local_adam", "sync_every": 1})):
+    syncs = (("ddp", {"name": "ddp"}), ("average", {"name": "local_adam", "sync_every": 1}),
+             ("probe", {"name": "diloco", "outer": "average", "sync_every": 5, "probe_cosine": True}))
+    for name, sync in syncs:
         torch.manual_seed(1000 * rank)
         model = Transformer(model_config("smoke"))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        engine = build_sync_engine(sync, model, optimizer, Communicator())
+        comm = Communicator()
+        engine = build_sync_engine(sync, model, optimizer, comm)
         engine.setup()
         start = [p.detach().clone() for p in model.parameters()]
+        cosines = {}
         for t in range(1, 11):
             train_step(model, optimizer, engine, t, rank, clip=None)
+            cosines[t] = engine.metrics().get("probe/pseudo_gradient_cosine")
         out[name] = [p.detach().clone() for p in model.parameters()]
         out["start"] = start
+    out["probe_cosines"] = cosines
+    out["probe_ledgers"] = {"probe": engine.probe.comm.wire_bytes_by_step(), "method": comm.wire_bytes_by_step(),
+                            "numel": sum(p.numel() for p in model.parameters())}
     return out
+
+
+def muloco_and_local_muon(rank: int) -> dict[int, tuple[list, list]]:
+    """muloco with outer lr 1 and momentum 0, and a reference: the same Muon optimizer stepping locally, every K steps
+    W = W_last + mean_m(W_m - W_last) with torch.distributed (W_last: the weights after the previous average); both
+    weights after each sync. (torch's Muon orthogonalizes in bfloat16, so the comparison is of the same arithmetic.)"""
+    model, optimizer, engine = build("muloco", Communicator(), sync={"outer_lr": 1.0, "outer_momentum": 0.0})
+    torch.manual_seed(99)
+    reference = Transformer(model_config("smoke"))
+    reference.load_state_dict(model.state_dict())
+    engine.setup()
+    for p in reference.parameters():
+        dist.broadcast(p.data, src=0)
+    reference_optimizer = build_optimizer(METHODS["muloco"][1], reference)
+    last = [p.detach().clone() for p in reference.parameters()]
+    out = {}
+    for t in range(1, 2 * K + 1):
+        train_step(model, optimizer, engine, t, rank)
+        x, y = batch(rank, t)
+        reference_optimizer.zero_grad(set_to_none=True)
+        reference.loss(x, y).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+        reference_optimizer.step()
+        if t % K == 0:
+            for p, w in zip(reference.parameters(), last):
+                delta = p.detach() - w
+                dist.all_reduce(delta)
+                p.data.copy_(w + delta / WORLD)
+                w.copy_(p.detach())
+            out[t] = ([p.detach().clone() for p in model.parameters()],
+                      [p.detach().clone() for p in reference.parameters()])
+    return out
+
+
+def lordo_orth_dion_sync(rank: int) -> dict:
+    """One sync of lordo_orth_dion taken apart: each rank's weights, anchor and buffers M just before it, and the
+    weights, buffers M and right factors Q just after it."""
+    model, optimizer, engine = build("lordo_orth_dion", Communicator())
+    engine.setup()
+    for t in range(1, K):
+        train_step(model, optimizer, engine, t, rank)
+    matrices = optimizer.matrix_params()
+    x, y = batch(rank, K)
+    optimizer.zero_grad(set_to_none=True)
+    model.loss(x, y).backward()
+    engine.before_optimizer_step(K, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+    optimizer.step()
+    before = {"weights": [p.detach().clone() for p in matrices],
+              "anchor": [engine.pseudo.anchor[i].clone() for i, p in enumerate(engine.params)
+                         if any(p is q for q in matrices)],
+              "momentum": [optimizer.state[p]["momentum"].clone() for p in matrices]}
+    engine.after_optimizer_step(K)
+    after = {"weights": [p.detach().clone() for p in matrices],
+             "momentum": [optimizer.state[p]["momentum"].clone() for p in matrices],
+             "Q": [optimizer.state[p]["Q"].clone() for p in matrices]}
+    return {"before": before, "after": after}
 
 
 def resume_runs(method: str, rank: int, tmp: str, at: int = K, steps: int = 2 * K + 2) -> tuple[list, list]:
@@ -115,8 +182,9 @@ def worker(rank: int, tmp: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=WORLD)
     try:
         out = {"methods": {m: run_method(m, rank) for m in METHODS}, "sgd": sgd_runs(rank),
-               "resume": {m: resume_runs(m, rank, tmp) for m in ("lordo", "local_adam")},
-               "first_basis": first_basis(rank)}
+               "resume": {m: resume_runs(m, rank, tmp) for m in ("lordo", "local_adam", "lordo_orth_dion")},
+               "first_basis": first_basis(rank), "muloco": muloco_and_local_muon(rank),
+               "lordo_orth_dion_sync": lordo_orth_dion_sync(rank)}
         torch.save(out, os.path.join(tmp, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -146,10 +214,13 @@ def test_after_every_sync_all_ranks_hold_identical_weights_and_bases(ranks, meth
         other = second["synced"][t]
         assert all(torch.equal(a, b) for a, b in zip(state["weights"], other["weights"])), f"weights, step {t}"
         bases_equal = [torch.equal(a, b) for a, b in zip(state["bases"], other["bases"])]
-        if method in GLOBAL_BASIS:
+        if method in SHARED_BASES:
             assert bases_equal and all(bases_equal), f"bases, step {t}"
-        elif method == "lordo_local":  # each worker's own Q, from its own data
-            assert not any(bases_equal)
+        elif method in OWN_BASES:
+            assert bases_equal and not any(bases_equal)
+        if method == "lordo_orth_dion":
+            for q in state["bases"]:
+                torch.testing.assert_close(q.T @ q, torch.eye(q.shape[1]), rtol=0, atol=1e-5)
     for t, weights in first["between"].items():  # between syncs the workers really differ
         assert not all(torch.equal(a, b) for a, b in zip(weights, second["between"][t]))
 
@@ -176,7 +247,7 @@ def test_subspace_stagnates_without_the_full_rank_term_and_moves_with_it(ranks):
         assert min(moving.values()) > 0.1, moving
 
 
-@pytest.mark.parametrize("method", ["lordo", "local_adam"])
+@pytest.mark.parametrize("method", ["lordo", "local_adam", "lordo_orth_dion"])
 def test_resume_at_a_sync_point_reproduces_the_uninterrupted_losses(ranks, method):
     for r in ranks:
         uninterrupted, resumed = r["resume"][method]
@@ -191,3 +262,48 @@ def test_first_basis_comes_from_the_clipped_gradient(ranks):
         to_clipped = max(principal_angles(a, b).max().item() for a, b in zip(basis["installed"], basis["clipped"]))
         to_raw = max(principal_angles(a, b).max().item() for a, b in zip(basis["installed"], basis["raw"]))
         assert to_clipped < 1e-2 and to_clipped < 0.1 * to_raw, (to_clipped, to_raw)  # fp32 rounding vs clipping
+
+
+def test_probe_cosine_is_one_for_plain_sgd_and_stays_off_the_method_ledger(ranks):
+    """SGD without momentum, weight decay or clipping: Delta = -lr sum_t mean_m G_m,t exactly, so cos(Delta, -S) = 1
+    on every rank; the probe all-reduces every step's gradient on its own ledger."""
+    for r in ranks:
+        sgd = r["sgd"]
+        cosines = {t: c for t, c in sgd["probe_cosines"].items() if c is not None}
+        assert sorted(cosines) == [5, 10]
+        assert all(c == pytest.approx(1.0, abs=1e-6) for c in cosines.values()), cosines
+        ledgers = sgd["probe_ledgers"]
+        gradient_bytes = 2 * (WORLD - 1) / WORLD * 4 * ledgers["numel"]
+        assert ledgers["probe"] == {t: {"probe": gradient_bytes} for t in range(1, 11)}
+        assert set(ledgers["method"]) == {0, 5, 10}
+        assert all(set(kinds) == {"pseudo_gradient"} for t, kinds in ledgers["method"].items() if t)
+    assert ranks[0]["sgd"]["probe_cosines"] == ranks[1]["sgd"]["probe_cosines"]
+
+
+def test_muloco_with_outer_lr_1_and_no_momentum_is_local_muon_plus_averaging(ranks):
+    for r in ranks:
+        assert sorted(r["muloco"]) == [K, 2 * K]
+        for t, (muloco, reference) in r["muloco"].items():
+            assert all(torch.equal(a, b) for a, b in zip(muloco, reference)), f"step {t}"
+
+
+def test_lordo_orth_dion_sync_averages_buffers_and_installs_the_top_right_singular_vectors_of_delta(ranks):
+    """After the sync every rank holds the mean buffer M (carried unchanged across the change of basis) and the same Q:
+    orthonormal, spanning the top-r right singular subspace of the averaged Delta in the tall orientation (it captures
+    the sum of the r largest squared singular values, float64 SVD)."""
+    first, second = (r["lordo_orth_dion_sync"] for r in ranks)
+    for i, q in enumerate(first["after"]["Q"]):
+        assert torch.equal(q, second["after"]["Q"][i])
+        assert torch.equal(first["after"]["momentum"][i], second["after"]["momentum"][i])
+        mean_buffer = (first["before"]["momentum"][i] + second["before"]["momentum"][i]) / 2
+        torch.testing.assert_close(first["after"]["momentum"][i], mean_buffer, rtol=0, atol=1e-7)
+        anchor = first["before"]["anchor"][i]
+        assert torch.equal(anchor, second["before"]["anchor"][i])
+        delta = ((first["before"]["weights"][i] - anchor) + (second["before"]["weights"][i] - anchor)).double() / 2
+        torch.testing.assert_close(first["after"]["weights"][i].double(), anchor.double() + delta, rtol=0, atol=1e-6)
+        tall = delta if delta.shape[0] >= delta.shape[1] else delta.T
+        rank = q.shape[1]
+        torch.testing.assert_close(q.T @ q, torch.eye(rank), rtol=0, atol=1e-5)
+        top = torch.linalg.svdvals(tall)[:rank].square().sum()
+        captured = (tall @ q.double()).square().sum()
+        assert captured == pytest.approx(top.item(), rel=1e-4), i

@@ -8,7 +8,9 @@ Every collective of a method is an Event: `elements` numbers sent by `collective
   lowrank_ddp  Q^T G every step: r max(p, q) per matrix, G of the other parameters, and the matrices' G every T
                steps for the basis refresh (option "full": G of everything every step, the refresh is free)
   K-step       Delta every K steps (all parameters); u every K_u, v every K_v steps (the moments' shape:
-               r max(p, q) for a low-rank optimizer, pq otherwise); LoRDO adds the first step's G of the matrices (D1)
+               r max(p, q) for a low-rank optimizer, pq otherwise); LoRDO adds the first step's G of the matrices (D1);
+               the local Dion methods add their buffers M (pq per matrix) every K_M steps and nothing for Q, which is
+               either local or computed by every worker from Delta
   dion         P and W every step: (p + q) r per matrix, or G (pq) when (p + q) r >= pq; G of the other parameters
 Setup broadcasts the parameters once (step 0); it is not part of the per-step figures.
 Optimizer state per worker (fp32), by the kinds the optimizers report:
@@ -101,12 +103,14 @@ def _rank(options: Mapping[str, Any], shape: tuple[int, int]) -> int:
                      "'rank_fraction') to count low-rank messages")
 
 
-def _moment_elements(options: Mapping[str, Any], shapes: ParamShapes, scope: str) -> int:
+def _moment_elements(options: Mapping[str, Any], shapes: ParamShapes, scope: str, dion: bool = False) -> int:
     """Numbers in one moment (u or v) of the parameters in `scope`: r max(p, q) per matrix when `rank` is given
-    (a low-rank optimizer), else pq; the other parameters' AdamW moments have their own shape."""
+    (a low-rank optimizer), none for Dion's matrices (their state is M), else pq; the other parameters' AdamW
+    moments have their own shape."""
     lowrank = options.get("rank") is not None
-    matrices = sum(_numel(projected_shape(s, _rank(options, s), projection_side(s))) if lowrank else _numel(s)
-                   for s in shapes.lowrank)
+    matrices = 0 if dion else sum(
+        _numel(projected_shape(s, _rank(options, s), projection_side(s))) if lowrank else _numel(s)
+        for s in shapes.lowrank)
     return matrices + (sum(_numel(s) for s in shapes.other) if scope == "all" else 0)
 
 
@@ -141,9 +145,12 @@ def analytic_events(method_options: Mapping[str, Any], shapes: ParamShapes) -> l
         events.append(Event("pseudo_gradient", "all_reduce", all_elements, opts.sync_every, opts.sync_every))
         for every in (opts.state_sync_u, opts.state_sync_v):
             if every:
-                moments = _moment_elements(method_options, shapes, opts.state_sync_scope)
+                moments = _moment_elements(method_options, shapes, opts.state_sync_scope, method.local_dion)
                 events.append(Event("optimizer_state", "all_reduce", moments, every, every))
-    if method.global_basis == "pseudo_gradient":
+        if opts.state_sync_m:
+            events.append(Event("optimizer_state", "all_reduce", lowrank_elements, opts.state_sync_m,
+                                opts.state_sync_m))
+    if method.global_basis == "pseudo_gradient" and not method.local_dion:
         events.append(Event("gradient", "all_reduce", lowrank_elements, 1, 0))
     return [e for e in events if e.elements]
 

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-KINDS = ("gradient", "projected_gradient", "pseudo_gradient", "optimizer_state", "basis", "factor", "parameters")
+KINDS = ("gradient", "projected_gradient", "pseudo_gradient", "optimizer_state", "basis", "factor", "parameters",
+         "probe")
 
 
 def wire_bytes(collective: str, payload: int, world_size: int) -> float:

@@ -2,7 +2,8 @@
 
 Every method is the same engine with different parts switched on (spec "Variants and baselines"):
 per-step gradient all-reduce, a global low-rank basis Q, the K-step pseudo-gradient sync
-Delta = mean_m(W_m - W_anchor), and averaging of optimizer moments every K_u / K_v steps.
+Delta = mean_m(W_m - W_anchor), and averaging of optimizer moments every K_u / K_v steps (Dion's buffers M
+every K_M steps).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class Method:
         "pseudo_gradient" (Delta at each sync, all-reduced G of the first step before that: D1), or None.
     optimizer_basis: the LowRankAdam `basis` option the method needs ("external": the engine installs Q;
         "local": the optimizer computes its own), or None for any optimizer without an external basis.
+    local_dion: the optimizer is the Dion family run locally, without its Communicator (its buffers M
+        averaged every K_M steps); with global_basis="pseudo_gradient" the engine installs its right factors Q.
     outer: default outer step of the K-step sync.
     state_scope: default parameters whose moments are averaged ("all" | "lowrank").
     state_sync_default: whether moments are averaged by default (period K) or never (0).
@@ -35,6 +38,7 @@ class Method:
     outer: str = "average"
     state_scope: str = "all"
     state_sync_default: bool = False
+    local_dion: bool = False
 
 
 METHODS: dict[str, Method] = {
@@ -48,6 +52,8 @@ METHODS: dict[str, Method] = {
                                 state_scope="lowrank", state_sync_default=True),
     "lordo_local": Method(k_step=True, optimizer_basis="local", state_scope="lowrank"),
     "optimizer_sync": Method(),
+    "orth_dion_local": Method(k_step=True, local_dion=True),
+    "lordo_orth_dion": Method(k_step=True, global_basis="pseudo_gradient", local_dion=True),
 }
 
 OUTER_STEPS = ("average", "nesterov")
@@ -65,10 +71,14 @@ class SyncOptions:
     outer_lr, outer_momentum: the Nesterov outer step's learning rate and momentum (unused by "average").
     state_sync_u, state_sync_v: K_u, K_v; first / second moments averaged at t % K_u == 0 (0: never). Default K
         for local_adam and the global LoRDO variants (D8), never for diloco and lordo_local (whose moments live in
-        each worker's own basis).
+        each worker's own basis) and the local Dion methods.
     state_sync_scope: "all" parameters' moments, or only the low-rank matrices' u, v ("lowrank", LoRDO default).
+    state_sync_m: K_M; the Dion buffers M averaged at t % K_M == 0 (0: never). Default K for the local Dion methods
+        (orth_dion_local, lordo_orth_dion), 0 for the others.
     basis_refresh_every: T of lowrank_ddp; Q is recomputed at steps t with (t - 1) % T == 0.
     lowrank_gradient: what lowrank_ddp all-reduces every step: "projected" (Q^T G, D9) or "full" (G).
+    probe_cosine: K-step methods: also sum the all-reduced gradient of every step over the K steps (on a separate
+        ledger, kind "probe") and log at each sync the cosine between Delta and the negative of that sum.
     """
 
     name: str
@@ -79,8 +89,10 @@ class SyncOptions:
     state_sync_u: int | None = None
     state_sync_v: int | None = None
     state_sync_scope: str | None = None
+    state_sync_m: int | None = None
     basis_refresh_every: int = 200
     lowrank_gradient: str = "projected"
+    probe_cosine: bool = False
 
     @property
     def method(self) -> Method:
@@ -130,11 +142,15 @@ def sync_options(cfg: Mapping[str, Any]) -> SyncOptions:
         state_sync_u=state_default if opts.state_sync_u is None else opts.state_sync_u,
         state_sync_v=state_default if opts.state_sync_v is None else opts.state_sync_v,
         state_sync_scope=method.state_scope if opts.state_sync_scope is None else opts.state_sync_scope,
+        state_sync_m=(opts.sync_every if method.local_dion else 0) if opts.state_sync_m is None else opts.state_sync_m,
     )
     _check_choice("outer", opts.outer, OUTER_STEPS)
     _check_choice("lowrank_gradient", opts.lowrank_gradient, LOWRANK_GRADIENTS)
     _check_int("state_sync_u", opts.state_sync_u, 0, "K_u, steps between first-moment averages; 0 = never")
     _check_int("state_sync_v", opts.state_sync_v, 0, "K_v, steps between second-moment averages; 0 = never")
+    _check_int("state_sync_m", opts.state_sync_m, 0, "K_M, steps between averages of Dion's buffers; 0 = never")
+    if not isinstance(opts.probe_cosine, bool):
+        raise ValueError(f"sync.probe_cosine={opts.probe_cosine!r} is invalid: set true or false")
     if not opts.outer_lr > 0:
         raise ValueError(f"sync.outer_lr={opts.outer_lr!r} is invalid: set a positive outer learning rate")
     if not 0 <= opts.outer_momentum < 1:

@@ -5,7 +5,10 @@ One engine, parts switched on by the method (options.METHODS):
   global basis  Q = top-r singular vectors of an all-reduced G (lowrank_ddp, every T steps; LoRDO's first step, D1)
                 or of Delta (LoRDO, every sync), installed in the optimizer with the moments rotated (D4)
   K-step        Delta = mean_m(W_m - W_anchor); W = W_anchor + Delta (or a Nesterov outer step); W_anchor = W
-  moments       u <- mean_m u_m every K_u steps, v <- mean_m v_m every K_v steps (D8)
+  moments       u <- mean_m u_m every K_u steps, v <- mean_m v_m every K_v steps (D8); Dion's M every K_M steps
+  local Dion    the Dion family steps without its Communicator between syncs; with a global subspace its right
+                factors Q are replaced at every sync by the top-r right singular vectors of Delta (tall orientation)
+  probe         optional: the all-reduced gradient summed over the K steps, compared with Delta at each sync
 The caller's loop, with t counted from 1:
     engine.setup()
     for t in 1, 2, ...:
@@ -22,12 +25,17 @@ from torch import nn
 
 from ..optim.projection import principal_angles
 from .comm import KINDS, Communicator
-from .options import SyncOptions, sync_options
+from .options import Method, SyncOptions, sync_options
 
 
 def lowrank_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
     """The optimizer's parameter groups with `algorithm="lowrank"` (none for a full-rank optimizer)."""
     return [g for g in optimizer.param_groups if g.get("algorithm") == "lowrank"]
+
+
+def dion_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """The optimizer's parameter groups with `algorithm="dion"` (the Dion family's matrices)."""
+    return [g for g in optimizer.param_groups if g.get("algorithm") == "dion"]
 
 
 class GradientAllReduce:
@@ -100,20 +108,22 @@ class PseudoGradientSync:
 
 
 class MomentAverage:
-    """u <- mean_m u_m at t % K_u == 0 and v <- mean_m v_m at t % K_v == 0 (kind "optimizer_state"), over the
-    optimizer state keys "exp_avg" (u) and "exp_avg_sq" (v) of `params`; a period 0 means never."""
+    """u <- mean_m u_m at t % K_u == 0, v <- mean_m v_m at t % K_v == 0 and Dion's buffer M <- mean_m M_m at
+    t % K_M == 0 (kind "optimizer_state"), over the optimizer state keys "exp_avg" (u), "exp_avg_sq" (v) and
+    "momentum" (M) of those `params` that have them; a period 0 means never."""
 
     KEYS = ("exp_avg", "exp_avg_sq")
+    DION_BUFFER = "momentum"
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter], comm: Communicator,
-                 every_u: int, every_v: int):
+                 every_u: int, every_v: int, every_m: int = 0):
         self.optimizer = optimizer
         self.params = params
         self.comm = comm
-        self.every = (every_u, every_v)
+        self.every = {self.KEYS[0]: every_u, self.KEYS[1]: every_v, self.DION_BUFFER: every_m}
 
     def __call__(self, step: int) -> None:
-        for key, every in zip(self.KEYS, self.every):
+        for key, every in self.every.items():
             if every and step % every == 0:
                 state = self.optimizer.state
                 self.comm.all_reduce([state[p][key] for p in self.params if key in state[p]], "optimizer_state")
@@ -121,21 +131,24 @@ class MomentAverage:
 
 class GlobalBasis:
     """Q = top-r singular vectors of a matrix that is identical on every rank (an all-reduced G, or Delta), in fp32
-    with fixed signs, so Q is identical on every rank (D13); installed by the optimizer's set_bases_from, which
-    moves the moments from the old Q to the new one (D4). Keeps, per matrix name, the largest principal angle
-    between the old and the new Q at the last change of basis (subspace movement) and the step of that change."""
+    with fixed signs, so Q is identical on every rank (D13); installed by the optimizer's set_bases_from (LowRankAdam
+    moves the moments from the old Q to the new one, D4; Dion replaces its right factors). `params` are the
+    optimizer's matrices with a basis, held in their state under `key`. Keeps, per matrix name, the largest principal
+    angle between the old and the new Q at the last change of basis (subspace movement) and the step of that change."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, comm: Communicator, names: dict[int, str]):
+    def __init__(self, optimizer: torch.optim.Optimizer, comm: Communicator, names: dict[int, str],
+                 params: list[nn.Parameter], key: str):
         self.optimizer = optimizer
         self.comm = comm
-        self.params = optimizer.lowrank_params()
+        self.params = params
+        self.key = key
         self.names = [names[id(p)] for p in self.params]
         self.angles: dict[str, float] = {}
         self.changed_at = 0
 
     def missing(self) -> bool:
         """Whether some matrix has no basis yet (a fresh optimizer)."""
-        return any("basis" not in self.optimizer.state[p] for p in self.params)
+        return any(self.key not in self.optimizer.state[p] for p in self.params)
 
     def from_gradients(self, reduce: bool) -> None:
         """Q from G, all-reduced first (kind "gradient") on a copy when `reduce`, else G is already the mean."""
@@ -146,14 +159,45 @@ class GlobalBasis:
         self.install(grads)
 
     def install(self, matrices: list[torch.Tensor]) -> None:
-        """Q = top_basis(M) for each low-rank matrix's M (in lowrank_params() order)."""
-        old = [self.optimizer.state[p].get("basis") for p in self.params]
+        """Q = top-r basis of the matching matrix for each of `params` (in that order), by set_bases_from."""
+        old = [self.optimizer.state[p].get(self.key) for p in self.params]
         self.optimizer.set_bases_from(matrices)
-        angles = {name: principal_angles(q, self.optimizer.state[p]["basis"]).max().item()
+        angles = {name: principal_angles(q, self.optimizer.state[p][self.key]).max().item()
                   for name, p, q in zip(self.names, self.params, old) if q is not None}
         if angles:
             self.angles = angles
             self.changed_at = self.comm.step
+
+
+class DirectionProbe:
+    """A measurement that leaves training unchanged: S = sum over the steps since the last sync of mean_m G_m (each
+    worker's gradient before clipping, all-reduced on a copy through the probe's own Communicator, kind "probe", so
+    the method's ledger never sees it); at a sync, cos(Delta, -S) over all parameters (the averaged pseudo-gradient
+    against the full-batch descent direction of the same steps), then S = 0. Identical on every rank."""
+
+    def __init__(self, params: list[nn.Parameter], comm: Communicator):
+        self.params = params
+        self.comm = comm
+        self.total = [torch.zeros_like(p) for p in params]
+        self.cosine: float | None = None
+        self.measured_at = 0
+
+    @torch.no_grad()
+    def add_gradients(self) -> None:
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in self.params]
+        self.comm.all_reduce(grads, "probe")
+        torch._foreach_add_(self.total, grads)
+
+    @torch.no_grad()
+    def measure(self, deltas: list[torch.Tensor], step: int) -> None:
+        """cos(Delta, -S) in float64 (0 where either is zero), then S = 0."""
+        dot = sum(torch.dot(d.double().flatten(), s.double().flatten()) for d, s in zip(deltas, self.total))
+        norms = math.sqrt(sum(d.double().square().sum() for d in deltas) *
+                          sum(s.double().square().sum() for s in self.total))
+        self.cosine = -float(dot) / norms if norms else 0.0
+        self.measured_at = step
+        for s in self.total:
+            s.zero_()
 
 
 class SyncEngine:
@@ -174,18 +218,27 @@ class SyncEngine:
         reduced = [p for p in self.params if id(p) not in lowrank_ids] if opts.projected_gradients else self.params
         self.gradients = GradientAllReduce(reduced, comm) if method.per_step_gradients else None
         names = {id(p): n for n, p in named}
-        self.basis = GlobalBasis(optimizer, comm, names) if method.global_basis else None
+        self.basis = None
+        if method.global_basis:
+            self.basis = (GlobalBasis(optimizer, comm, names, optimizer.matrix_params(), "Q") if method.local_dion
+                          else GlobalBasis(optimizer, comm, names, optimizer.lowrank_params(), "basis"))
         self.lowrank_gradients_reduced = method.per_step_gradients and not opts.projected_gradients
         self.pseudo = (PseudoGradientSync(named, comm, opts.outer, opts.outer_lr, opts.outer_momentum)
                        if method.k_step else None)
         self.moments = None
-        if method.k_step and (opts.state_sync_u or opts.state_sync_v):
+        if method.k_step and (opts.state_sync_u or opts.state_sync_v or opts.state_sync_m):
             scope = lowrank if opts.state_sync_scope == "lowrank" else self.params
-            self.moments = MomentAverage(optimizer, scope, comm, opts.state_sync_u, opts.state_sync_v)
+            self.moments = MomentAverage(optimizer, scope, comm, opts.state_sync_u, opts.state_sync_v,
+                                         opts.state_sync_m)
+        self.probe = None
+        if method.k_step and opts.probe_cosine:
+            self.probe = DirectionProbe(self.params, Communicator(comm.group))
         if opts.projected_gradients:
             optimizer.projected_gradient_hook = self._all_reduce_projected
         if opts.name == "optimizer_sync":
             optimizer.set_communicator(comm)
+        if method.local_dion:
+            optimizer.set_communicator(None)
 
     def _all_reduce_projected(self, projected: list[torch.Tensor]) -> None:
         """Inside optimizer.step(): g <- mean_m g_m for the projected gradients g = Q^T G (kind "projected_gradient"),
@@ -206,14 +259,19 @@ class SyncEngine:
             raise ValueError(f"step={step!r} after step {self.step}: steps count from 1 and increase by one "
                              "optimizer step at a time")
         self.comm.step = step
+        if self.probe is not None:
+            self.probe.comm.step = step
 
     def before_optimizer_step(self, step: int, clip: Callable[[], None] | None = None) -> None:
         """After backward, before optimizer.step(): per-step gradient all-reduce (with projected gradients it runs
-        inside optimizer.step() instead), then `clip` (the caller's gradient clipping), then a new global Q from the
-        all-reduced clipped gradient when there is none yet (D1) or at a lowrank_ddp refresh ((t - 1) % T == 0)."""
+        inside optimizer.step() instead), the probe's copy of the gradient, then `clip` (the caller's gradient
+        clipping), then a new global Q from the all-reduced clipped gradient when there is none yet (D1) or at a
+        lowrank_ddp refresh ((t - 1) % T == 0)."""
         self._enter(step)
         if self.gradients is not None and not self.opts.projected_gradients:
             self.gradients()
+        if self.probe is not None:
+            self.probe.add_gradients()
         if clip is not None:
             clip()
         if self.basis is not None:
@@ -222,10 +280,13 @@ class SyncEngine:
                 self.basis.from_gradients(reduce=not self.lowrank_gradients_reduced)
 
     def after_optimizer_step(self, step: int) -> None:
-        """After optimizer.step(): at t % K == 0 the pseudo-gradient sync, then Q from Delta; moment averages."""
+        """After optimizer.step(): at t % K == 0 the pseudo-gradient sync, the probe's cosine, then Q from Delta;
+        moment averages."""
         self._enter(step)
         if self.pseudo is not None and step % self.opts.sync_every == 0:
             deltas = self.pseudo()
+            if self.probe is not None:
+                self.probe.measure(deltas, step)
             if self.basis is not None and self.opts.method.global_basis == "pseudo_gradient":
                 index = {id(p): i for i, p in enumerate(self.params)}
                 self.basis.install([deltas[index[id(p)]] for p in self.basis.params])
@@ -256,9 +317,10 @@ class SyncEngine:
             self.pseudo.load_state_dict(sd)
 
     def metrics(self) -> dict[str, float]:
-        """Flat scalars: bytes on the wire at the last step by kind and in total so far, collective calls since the
-        start-up broadcast, optimizer-state bytes by kind (with the anchor and outer momentum apart), RMS of the
-        update terms, subspace movement (radians)."""
+        """Flat scalars: bytes on the wire at the last step by kind and in total so far (the probe's bytes apart, in
+        comm/probe_bytes only), collective calls since the start-up broadcast, optimizer-state bytes by kind (with the
+        anchor and outer momentum apart), RMS of the update terms, subspace movement (radians), and the probe's
+        cosine at the step it was measured."""
         at_step = self.comm.wire_bytes_at(self.step)
         out = {f"comm/{kind}_bytes": float(at_step.get(kind, 0.0)) for kind in KINDS}
         out["comm/step_bytes"] = float(sum(at_step.values()))
@@ -266,6 +328,10 @@ class SyncEngine:
         records = self.comm.records
         setup = next((i for i, r in enumerate(records) if r.step > 0), len(records))  # step 0: the start-up broadcast
         out["comm/training_collectives"] = float(len(records) - setup)
+        if self.probe is not None:
+            out["comm/probe_bytes"] = float(sum(self.probe.comm.wire_bytes_at(self.step).values()))
+            if self.probe.measured_at == self.step and self.probe.cosine is not None:
+                out["probe/pseudo_gradient_cosine"] = self.probe.cosine
         for kind, n in optimizer_state_bytes(self.optimizer).items():
             out[f"memory/{kind}_bytes"] = float(n)
         if self.pseudo is not None:
@@ -301,18 +367,27 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
 
 
 def check_optimizer(opts: SyncOptions, optimizer: torch.optim.Optimizer) -> None:
-    """ValueError unless the optimizer fits the method: self-synchronizing optimizers only with optimizer_sync; a
+    """ValueError unless the optimizer fits the method: self-synchronizing optimizers only with optimizer_sync, or the
+    Dion family run locally by the local Dion methods (fixed-rank Orth-Dion where the engine installs a shared Q); a
     LowRankAdam with basis="external" exactly for the methods that install a global Q, basis="local" for lordo_local
     with its refresh at every sync (D10); omega == 1 where the full-rank term would use unsynchronized gradients
     (lowrank_ddp with projected gradients) or defines the method (lordo_global_noqh); no averaging of moments kept in
-    worker-local bases. (LowRankAdam itself rejects a rank larger than a matrix when it is built.)"""
+    worker-local bases, nor of Dion buffers an optimizer does not have. (LowRankAdam itself rejects a rank larger than
+    a matrix when it is built.)"""
     name, method = opts.name, opts.method
     self_syncing = getattr(optimizer, "synchronizes_gradients", False)
-    if name == "optimizer_sync" and not self_syncing:
+    dion = dion_groups(optimizer)
+    if method.local_dion:
+        _check_local_dion(name, method, optimizer, dion)
+    elif name == "optimizer_sync" and not self_syncing:
         raise ValueError(f"sync.name='optimizer_sync' needs an optimizer that synchronizes itself (Dion, Orth-Dion); "
                          f"{type(optimizer).__name__} does not: use sync.name='ddp' or a K-step method")
-    if name != "optimizer_sync" and self_syncing:
-        raise ValueError(f"{type(optimizer).__name__} synchronizes its own gradients: use sync.name='optimizer_sync'")
+    elif name != "optimizer_sync" and self_syncing:
+        raise ValueError(f"{type(optimizer).__name__} synchronizes its own gradients: use sync.name='optimizer_sync' "
+                         "(or run it locally with sync.name='orth_dion_local' or 'lordo_orth_dion')")
+    if method.k_step and opts.state_sync_m and not dion:
+        raise ValueError(f"sync.state_sync_m={opts.state_sync_m} averages Dion's buffers M, but "
+                         f"{type(optimizer).__name__} has none: set sync.state_sync_m=0")
     groups = lowrank_groups(optimizer)
     if method.optimizer_basis and not groups:
         raise ValueError(f"sync.name={name!r} needs a low-rank optimizer (LowRankAdam with basis="
@@ -333,7 +408,7 @@ def check_optimizer(opts: SyncOptions, optimizer: torch.optim.Optimizer) -> None
         if name == "lordo_local" and g.get("refresh_every") != opts.sync_every:
             raise ValueError(f"lordo_local refreshes each worker's Q at every sync (D10): set optim.refresh_every "
                              f"equal to sync.sync_every={opts.sync_every} (got {g.get('refresh_every')!r})")
-    if method.k_step and (opts.state_sync_u or opts.state_sync_v):
+    if method.k_step and (opts.state_sync_u or opts.state_sync_v or opts.state_sync_m):
         if opts.state_sync_scope == "lowrank" and not groups:
             raise ValueError(f"sync.state_sync_scope='lowrank' averages low-rank moments, but "
                              f"{type(optimizer).__name__} has none: set sync.state_sync_scope='all' or use a low-rank "
@@ -342,6 +417,15 @@ def check_optimizer(opts: SyncOptions, optimizer: torch.optim.Optimizer) -> None
             raise ValueError(f"sync.name={name!r} would average low-rank moments that live in each worker's own "
                              "basis (basis='local'), which is meaningless: set sync.state_sync_u=0 and "
                              "sync.state_sync_v=0")
+
+
+def _check_local_dion(name: str, method: Method, optimizer: torch.optim.Optimizer, dion: list[dict]) -> None:
+    if not dion:
+        raise ValueError(f"sync.name={name!r} runs the Dion family locally between syncs; {type(optimizer).__name__} "
+                         "has no Dion matrices: set optim.name='orth_dion'")
+    if method.global_basis and any(g["normalization"] != "qr" or g["adaptive_rank"] for g in dion):
+        raise ValueError(f"sync.name={name!r} gives every worker the same orthonormal right factor Q of a fixed rank: "
+                         "it needs fixed-rank Orth-Dion: set optim.name='orth_dion'")
 
 
 def build_sync_engine(sync_cfg: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,

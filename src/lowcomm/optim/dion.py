@@ -6,7 +6,8 @@ Per hidden matrix X (m x n = d_out x d_in), with B = tall(M) (a x b, a >= b: M, 
     Q <- colnorm(W) (Dion)  or  orth(W) with diag(R) > 0 (Orth-Dion)
     X <- (1 - lr wd) X - lr sqrt(m / n) untall(P Q^T)
 Embeddings, the output head and norms take AdamW steps in the same optimizer (param groups with `algorithm`).
-Data parallel with M > 1 workers: P is averaged before orth and W after, instead of the gradient.
+Data parallel with M > 1 workers: P is averaged before orth and W after, instead of the gradient. Without a
+Communicator it steps locally (K-step methods); set_bases_from then installs a right factor shared by every worker.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import Tensor
 from ..distributed.comm import Communicator
 from .adamw import AdamWPart
 from .groups import param_groups
+from .projection import top_basis
 from .registry import register
 from .spectral import dual_ky_fan_factor, effective_rank
 
@@ -235,6 +237,27 @@ class Dion(torch.optim.Optimizer):
         buffers = [self.state[p]["momentum"] for g in self.param_groups if g["algorithm"] == "dion"
                    for p in g["params"]]
         self.communicator.all_reduce(buffers, kind="optimizer_state", op="mean")
+
+    # -- a shared right factor (K-step methods with a global subspace)
+
+    def matrix_params(self) -> list[Tensor]:
+        """The Dion matrices (groups with algorithm="dion"), in group order."""
+        return [p for g in self.param_groups if g["algorithm"] == "dion" for p in g["params"]]
+
+    @torch.no_grad()
+    def set_bases_from(self, matrices: list[Tensor]) -> None:
+        """For each Dion matrix X (order of matrix_params()) and the matching matrix A of X's shape: Q <- the top-r
+        right singular vectors of tall(A), r = Q's current number of columns, fp32 with fixed signs (identical on
+        every rank for an identical A). The buffer M is kept as it is: it is full-shape, not expressed in Q, and Q is
+        only the warm start of the next power-iteration step."""
+        params = self.matrix_params()
+        if len(matrices) != len(params):
+            raise ValueError(f"set_bases_from got {len(matrices)} matrices for {len(params)} Dion matrices: pass one "
+                             "matrix per entry of matrix_params(), in that order")
+        for p, matrix in zip(params, matrices):
+            q = self.state[p]["Q"]
+            side = "left" if p.shape[0] < p.shape[1] else "right"  # the right factor of the tall orientation
+            self.state[p]["Q"] = top_basis(matrix, q.shape[1], side).to(q.device, q.dtype)
 
     # -- the step
 
