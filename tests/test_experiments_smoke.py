@@ -87,6 +87,7 @@ def check_communication(table: pd.DataFrame, comparisons) -> None:
     expected = {**analytic_optimizer_state("lowrank", shapes, lordo), **analytic_sync_state(lordo, shapes)}
     for kind, n in expected.items():
         assert t.loc["lordo", f"memory/{kind}_bytes"] == n
+    assert t["bytes_per_step/total"].tolist() == pytest.approx(t["analytic_bytes_per_step"].tolist())
     assert (t["target_loss"] == t["final_val_loss"].max()).all()
     assert t["time_to_target_s_1gbps"].ge(t["time_to_target_s_100gbps"]).all()
 
