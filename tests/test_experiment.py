@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from lowcomm import experiment
 from lowcomm.config import ConfigError
 from lowcomm.experiment import (compare_to_reference, config_difference, experiment_grid, load_spec,
                                 provenance_problems, resolved_config, stale_reason)
@@ -145,3 +146,18 @@ def test_every_committed_table_row_traces_to_committed_runs(monkeypatch):
         config = ROOT / "experiments" / name / "config.yaml"
         assert config.exists(), f"results/{name}/{preset}/table.csv has no experiment config {config}"
         assert provenance_problems(config, preset, Path("results")) == [], f"results/{name}/{preset}"
+
+
+def test_progress_lines_name_the_run_and_estimate_the_rest(capsys, monkeypatch):
+    clock = iter([100.0, 160.0, 200.0, 290.0])
+    monkeypatch.setattr(experiment.time, "time", lambda: next(clock))
+    progress = experiment.Progress("demo/cpu", total=4, to_train=3)
+    a, b = (experiment.GridRun(label, label, None, 0, ()) for label in ("ddp", "lordo"))
+    progress.start(1, a, "not run yet")
+    progress.finish(1, a, {"final_val_loss": 4.25})
+    progress.start(2, b, "not run yet")
+    progress.finish(2, b, {"final_val_loss": 4.5})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[demo/cpu] 1/4 ddp seed 0: started (not run yet)"
+    assert lines[1] == "[demo/cpu] 1/4 ddp seed 0: done in 1m00s, validation loss 4.2500; 2 to go, ETA 2m00s"
+    assert lines[3].endswith("done in 1m30s, validation loss 4.5000; 1 to go, ETA 1m15s")  # mean of 60 s and 90 s
