@@ -58,7 +58,8 @@ def test_grid_expands_runs_sweep_values_and_seeds_with_caps(spec_path):
     smoke = experiment_grid(spec, "smoke")
     assert [r.name for r in smoke] == ["lordo_r4-s0"]
     cfg = resolved_config(spec, smoke[0], Path("/tmp/runs"))
-    assert (cfg.model.size, cfg.train.steps, cfg.optim.rank, cfg.optim.lr) == ("smoke", 8, 4, 1e-2)  # presets.yaml first
+    # experiments/presets.yaml's smoke overrides come first, the sweep value's own overrides after them
+    assert (cfg.model.size, cfg.train.steps, cfg.optim.rank, cfg.optim.lr) == ("smoke", 8, 4, 1e-2)
 
 
 @pytest.mark.parametrize("edit, match", [

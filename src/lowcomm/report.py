@@ -137,9 +137,9 @@ def table3_claims(s: Stored) -> list[Claim]:
     return [
         Claim(texts[0], about(to_ddp, 25), f"{num(to_ddp, 3)}x at the cpu size (measured)"),
         Claim(texts[1], about(to_lr, 10), f"{num(to_lr, 3)}x at the cpu size (measured)"),
-        Claim(texts[2], about(moments, 8), f"{num(moments, 3)}x on the hidden matrices (AdamW's moments over LoRDO's "
-                                           f"low-rank moments); whole model {num(1 / lordo['state_ratio_to_adamw'], 3)}x "
-                                           "(the embedding keeps AdamW)"),
+        Claim(texts[2], about(moments, 8),
+              f"{num(moments, 3)}x on the hidden matrices (AdamW's moments over LoRDO's low-rank moments); whole model "
+              f"{num(1 / lordo['state_ratio_to_adamw'], 3)}x (the embedding keeps AdamW)"),
         Claim(texts[3], gap_verdict, f"ppl {num(lordo['final_val_ppl'])} vs {num(lrddp['final_val_ppl'])} "
                                      f"({num(100 * gap, 3)} %); {diff_text(c_lr)}"),
         Claim(texts[4], verdict_of(c_local), diff_text(c_local)),
@@ -148,7 +148,8 @@ def table3_claims(s: Stored) -> list[Claim]:
 
 
 def stagnation_claims(s: Stored) -> list[Claim]:
-    texts = ["without the full-rank term the global basis does not move (every update lies in range(Q)), with it it does",
+    texts = ["without the full-rank term the global basis does not move (every update lies in range(Q)); "
+             "with it, it does",
              "without the full-rank term LoRDO-Global learns worse (16M: ppl 46.8 vs DDP 36.6)",
              "LoRDO-Global beats the local-projection variants"]
     noqh, lordo = s.row("lordo_global_noqh"), s.row("lordo")
@@ -207,9 +208,9 @@ def nu_claims(s: Stored) -> list[Claim]:
                       for d in steps])
     worst = (orth["nu_max_over_training"] - 1).abs().max()
     return [
-        Claim(texts[0], rising, "; ".join(f"r = {int(r['rank'])}: {num(r['nu_mean_over_training'])} +- "
-                                          f"{num(r['nu_mean_over_training_std'], 2)} (sqrt(r) = {num(r['sqrt_rank'], 3)})"
-                                          for _, r in dion.iterrows()) + " (mean over training)"),
+        Claim(texts[0], rising, "; ".join(
+            f"r = {int(r['rank'])}: {num(r['nu_mean_over_training'])} +- {num(r['nu_mean_over_training_std'], 2)} "
+            f"(sqrt(r) = {num(r['sqrt_rank'], 3)})" for _, r in dion.iterrows()) + " (mean over training)"),
         Claim(texts[1], PENDING if orth.empty else REPRODUCED if worst < NU_ONE else NOT_REPRODUCED,
               f"largest distance of nu_t from 1 over training, ranks {', '.join(str(int(r)) for r in orth['rank'])}: "
               f"{num(worst, 3)}"),
@@ -308,7 +309,8 @@ def stored_table_markdown(results: Path, name: str) -> str:
     path = results / name / PRESET / "table.md"
     if not path.exists():
         return f"The {PRESET} run is pending: `{target(name)} OUT=results` writes results/{name}/{PRESET}/."
-    return f"From results/{name}/{PRESET}/ (`{target(name)} OUT=results`):\n\n" + path.read_text().replace("### ", "#### ")
+    tables = path.read_text().replace("### ", "#### ")
+    return f"From results/{name}/{PRESET}/ (`{target(name)} OUT=results`):\n\n{tables}"
 
 
 def experiment_section(results: Path, name: str) -> str:
@@ -329,7 +331,8 @@ def main_job_section(results: Path) -> str:
         return "The main job's record is pending: `make train` writes results/train/."
     r = json.loads(runs[-1].read_text())
     return (f"`make train` ({runs[-1].parent.relative_to(results.parent)}): {num(r['parameters'] / 1e6, 3)}M "
-            f"parameters, {r['world_size']} workers, {r['steps']} steps; validation perplexity {num(r['initial_val_ppl'])} -> {num(r['final_val_ppl'])}, "
+            f"parameters, {r['world_size']} workers, {r['steps']} steps; validation perplexity "
+            f"{num(r['initial_val_ppl'])} -> {num(r['final_val_ppl'])}, "
             f"{num(r['tokens_per_s'] / 1e3, 3)}k tokens/s over the workers, {num(r['wall_time_s'] / 60, 3)} min of "
             f"training wall time (commit {r['git_commit'][:10]}).")
 
@@ -344,9 +347,9 @@ def bench_section(results: Path) -> str:
                      f"batch {c['batch']}, {b['threads']} threads: training step {num(ratios['adamw']['step'], 4)}x "
                      f"AdamW's, optimizer step {num(ratios['adamw']['optimizer'], 3)}x "
                      f"({num(ratios['adamw_foreach']['optimizer'], 3)}x against foreach AdamW).")
-        lines.append(f"- Optimizer state at `{c['memory_size']}`, r = {c['memory_rank']}: AdamW's moments of the hidden "
-                     f"matrices over the low-rank moments {num(state['ratio_hidden_moments'], 3)}x, with the bases "
-                     f"{num(state['ratio_hidden_moments_and_bases'], 3)}x; whole-model optimizer state "
+        lines.append(f"- Optimizer state at `{c['memory_size']}`, r = {c['memory_rank']}: AdamW's moments of the "
+                     f"hidden matrices over the low-rank moments {num(state['ratio_hidden_moments'], 3)}x, with the "
+                     f"bases {num(state['ratio_hidden_moments_and_bases'], 3)}x; whole-model optimizer state "
                      f"{num(state['ratio_all_optimizer_states'], 3)}x; with error feedback "
                      f"{num(state['ratio_all_including_error_feedback'], 3)}x.")
     dion = results / "bench" / "dion.json"

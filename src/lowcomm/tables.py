@@ -373,8 +373,8 @@ def markdown(tables: dict[str, pd.DataFrame], kind: str) -> str:
     """table.md: the kind's shown columns of the main table, then every other table whole."""
     parts = []
     for name, table in tables.items():
-        shown = ([c for entry in SHOWN[kind] for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
-                 if name == "table" else list(table.columns))
+        shown = list(table.columns) if name != "table" else [
+            c for entry in SHOWN[kind] for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
         parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g"))
     return "\n\n".join(parts) + "\n"
 
