@@ -50,8 +50,9 @@ def records(preset_dir: Path) -> pd.DataFrame:
     rows = []
     for run, label in run_labels(preset_dir).items():
         rec = json.loads((preset_dir / "runs" / run / "record.json").read_text())
-        rows.append({"label": label, "method": table.loc[label, "method"], "sweep_value": table.loc[label, "sweep_value"],
-                     **{k: v for k, v in rec.items() if isinstance(v, (int, float))}})
+        row = table.loc[label]
+        scalars = {k: v for k, v in rec.items() if isinstance(v, (int, float))}
+        rows.append({"label": label, "method": row["method"], "sweep_value": row["sweep_value"], **scalars})
     return pd.DataFrame(rows)
 
 
@@ -66,7 +67,8 @@ def validation_panel(ax, preset_dir: Path, title: str = "validation loss") -> pd
 
 
 def sync_angle_rows(preset_dir: Path) -> pd.DataFrame:
-    """subspace/max_angle and subspace/angle/<matrix> at the sync steps t % K == 0 of each run, floored for the log scale."""
+    """subspace/max_angle and subspace/angle/<matrix> at the sync steps t % K == 0 of each run, floored at
+    ANGLE_FLOOR for the log scale."""
     rows = metric_rows(preset_dir, ["subspace/max_angle", "subspace/angle/"])
     if "subspace/max_angle" not in rows:
         return pd.DataFrame()

@@ -211,7 +211,8 @@ def test_analytic_optimizer_state_matches_the_optimizers(family, optim, options)
 
 def test_sync_state_and_its_summary():
     assert analytic_sync_state({"name": "ddp"}, SHAPES) == {}
-    assert analytic_sync_state({"name": "diloco", "sync_every": 8}, SHAPES) == {"anchor": 4 * P, "outer_momentum": 4 * P}
+    assert analytic_sync_state({"name": "diloco", "sync_every": 8}, SHAPES) == {"anchor": 4 * P,
+                                                                                "outer_momentum": 4 * P}
     assert analytic_sync_state({"name": "lordo", "sync_every": 8, "rank": R}, SHAPES) == {"anchor": 4 * P,
                                                                                            "outer_momentum": 0}
     summary = state_summary({"moments": 1, "bases": 2, "adamw_moments": 4, "error_feedback": 8, "anchor": 16,

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from lowcomm import experiment
 from lowcomm.config import ConfigError
 from lowcomm.experiment import (compare_to_reference, config_difference, experiment_grid, load_spec,
                                 provenance_problems, resolved_config, stale_reason)
@@ -57,7 +58,8 @@ def test_grid_expands_runs_sweep_values_and_seeds_with_caps(spec_path):
     smoke = experiment_grid(spec, "smoke")
     assert [r.name for r in smoke] == ["lordo_r4-s0"]
     cfg = resolved_config(spec, smoke[0], Path("/tmp/runs"))
-    assert (cfg.model.size, cfg.train.steps, cfg.optim.rank, cfg.optim.lr) == ("smoke", 8, 4, 1e-2)  # presets.yaml first
+    # experiments/presets.yaml's smoke overrides come first, the sweep value's own overrides after them
+    assert (cfg.model.size, cfg.train.steps, cfg.optim.rank, cfg.optim.lr) == ("smoke", 8, 4, 1e-2)
 
 
 @pytest.mark.parametrize("edit, match", [
@@ -145,3 +147,18 @@ def test_every_committed_table_row_traces_to_committed_runs(monkeypatch):
         config = ROOT / "experiments" / name / "config.yaml"
         assert config.exists(), f"results/{name}/{preset}/table.csv has no experiment config {config}"
         assert provenance_problems(config, preset, Path("results")) == [], f"results/{name}/{preset}"
+
+
+def test_progress_lines_name_the_run_and_estimate_the_rest(capsys, monkeypatch):
+    clock = iter([100.0, 160.0, 200.0, 290.0])
+    monkeypatch.setattr(experiment.time, "time", lambda: next(clock))
+    progress = experiment.Progress("demo/cpu", total=4, to_train=3)
+    a, b = (experiment.GridRun(label, label, None, 0, ()) for label in ("ddp", "lordo"))
+    progress.start(1, a, "not run yet")
+    progress.finish(1, a, {"final_val_loss": 4.25})
+    progress.start(2, b, "not run yet")
+    progress.finish(2, b, {"final_val_loss": 4.5})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[demo/cpu] 1/4 ddp seed 0: started (not run yet)"
+    assert lines[1] == "[demo/cpu] 1/4 ddp seed 0: done in 1m00s, validation loss 4.2500; 2 to go, ETA 2m00s"
+    assert lines[3].endswith("done in 1m30s, validation loss 4.5000; 1 to go, ETA 1m15s")  # mean of 60 s and 90 s

@@ -90,3 +90,15 @@ def test_stagnation_angles_are_taken_at_sync_steps():
     t = build_tables({"kind": "stagnation"}, results)["table"].iloc[0]
     assert t["angle_max_over_syncs"] == 0.9 and t["angle_median_over_syncs"] == pytest.approx(0.75)
     assert t["omega"] == pytest.approx(0.7) and t["weight_decay"] == pytest.approx(0.1)  # LoRDO step defaults
+
+
+def test_nu_table_puts_the_rank_and_its_square_root_beside_nu():
+    results = [run("dion", s, [8.0, 5.0, 4.5]) for s in (0, 1)]
+    for r, nus in zip(results, ([1.2, 1.4], [1.4, 1.6])):
+        r.metrics["spectral/nu_mean"] = [math.nan, *nus]
+        r.metrics["spectral/nu_max"] = [math.nan, *[n + 0.5 for n in nus]]
+    t = build_tables({"kind": "nu"}, results)["table"].iloc[0]
+    assert t["rank"] == 8 and t["sqrt_rank"] == pytest.approx(math.sqrt(8))  # ceil(0.125 x 64)
+    # per run: mean of nu_mean over the logged steps (1.3, 1.5), max of nu_max (1.9, 2.1); then means over seeds
+    assert t["nu_mean_over_training"] == pytest.approx(1.4) and t["nu_max_over_training"] == pytest.approx(2.0)
+    assert t["nu_mean_over_training_std"] == pytest.approx(math.sqrt(0.02))

@@ -76,7 +76,8 @@ def load_spec(path: str | Path) -> DictConfig:
     spec = OmegaConf.load(path)
     unknown = sorted(set(spec) - SPEC_KEYS)
     if unknown or "runs" not in spec or "name" not in spec or "base" not in spec:
-        raise ConfigError(f"{path}: unknown key(s) {unknown} or missing name/base/runs; valid keys: {sorted(SPEC_KEYS)}")
+        raise ConfigError(f"{path}: unknown key(s) {unknown} or missing name/base/runs; "
+                          f"valid keys: {sorted(SPEC_KEYS)}")
     labels = [run.label for run in spec.runs]
     for preset, p in spec.presets.items():
         bad = sorted(set(p) - PRESET_KEYS)
@@ -194,7 +195,8 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
     configs = [resolved_config(spec, run, out_dir / "runs") for run in grid]
     for cfg in configs:  # every run validated before the first one starts
         validate(cfg)
-    reasons = [("--force" if force else stale_reason(out_dir / "runs" / run.name, cfg)) for run, cfg in zip(grid, configs)]
+    reasons = ["--force" if force else stale_reason(out_dir / "runs" / run.name, cfg)
+               for run, cfg in zip(grid, configs)]
     progress = Progress(f"{spec.name}/{preset}", len(grid), sum(r is not None for r in reasons))
     for index, (run, cfg, reason) in enumerate(zip(grid, configs, reasons), start=1):
         run_dir = out_dir / "runs" / run.name
@@ -287,7 +289,8 @@ def compare_to_reference(ours: pd.DataFrame, reference: pd.DataFrame) -> pd.Data
         verdict = ("no stored row" if stored is None else "no stored spread" if inside is None
                    else "within 2 std" if inside else "OUTSIDE 2 std")
         rows.append({"label": row["label"], "ours": row["final_val_loss"], "our seeds": row["seeds"],
-                     "stored mean": mean, "stored std": std, "stored seeds": stored["seeds"] if stored is not None else 0,
+                     "stored mean": mean, "stored std": std,
+                     "stored seeds": stored["seeds"] if stored is not None else 0,
                      "distance (std)": abs(row["final_val_loss"] - mean) / std if std else float("nan"),
                      "verdict": verdict})
     return pd.DataFrame(rows)

@@ -81,10 +81,11 @@ def loss(row: pd.Series) -> str:
             f" +- {num(row['final_val_ppl_std'], 2)}, {int(row['seeds'])} seed{'s' if row['seeds'] != 1 else ''})")
 
 
-def diff_text(c: pd.Series | None, unit: str = "") -> str:
+def diff_text(c: pd.Series | None, unit: str = "nats") -> str:
+    """'a - b = d +- s nats (n_a and n_b seeds)' of a comparison row."""
     if c is None:
         return "not stored"
-    return (f"{c['a']} - {c['b']} = {num(c['diff'])}{unit} +- {num(c['diff_std'], 2)} "
+    return (f"{c['a']} - {c['b']} = {num(c['diff'])} +- {num(c['diff_std'], 2)} {unit} "
             f"({c['a_seeds']} and {c['b_seeds']} seeds)")
 
 
@@ -136,18 +137,19 @@ def table3_claims(s: Stored) -> list[Claim]:
     return [
         Claim(texts[0], about(to_ddp, 25), f"{num(to_ddp, 3)}x at the cpu size (measured)"),
         Claim(texts[1], about(to_lr, 10), f"{num(to_lr, 3)}x at the cpu size (measured)"),
-        Claim(texts[2], about(moments, 8), f"{num(moments, 3)}x on the hidden matrices (AdamW's moments over LoRDO's "
-                                           f"low-rank moments); whole model {num(1 / lordo['state_ratio_to_adamw'], 3)}x "
-                                           "(the embedding keeps AdamW)"),
+        Claim(texts[2], about(moments, 8),
+              f"{num(moments, 3)}x on the hidden matrices (AdamW's moments over LoRDO's low-rank moments); whole model "
+              f"{num(1 / lordo['state_ratio_to_adamw'], 3)}x (the embedding keeps AdamW)"),
         Claim(texts[3], gap_verdict, f"ppl {num(lordo['final_val_ppl'])} vs {num(lrddp['final_val_ppl'])} "
-                                     f"({num(100 * gap, 3)} %); {diff_text(c_lr)} nats"),
-        Claim(texts[4], verdict_of(c_local), f"{diff_text(c_local)} nats"),
-        Claim(texts[5], verdict_of(c_noqh, HIGHER), f"{diff_text(c_noqh)} nats"),
+                                     f"({num(100 * gap, 3)} %); {diff_text(c_lr)}"),
+        Claim(texts[4], verdict_of(c_local), diff_text(c_local)),
+        Claim(texts[5], verdict_of(c_noqh, HIGHER), diff_text(c_noqh)),
     ]
 
 
 def stagnation_claims(s: Stored) -> list[Claim]:
-    texts = ["without the full-rank term the global basis does not move (every update lies in range(Q)), with it it does",
+    texts = ["without the full-rank term the global basis does not move (every update lies in range(Q)); "
+             "with it, it does",
              "without the full-rank term LoRDO-Global learns worse (16M: ppl 46.8 vs DDP 36.6)",
              "LoRDO-Global beats the local-projection variants"]
     noqh, lordo = s.row("lordo_global_noqh"), s.row("lordo")
@@ -161,8 +163,8 @@ def stagnation_claims(s: Stored) -> list[Claim]:
     return [
         Claim(texts[0], angle_verdict, f"largest principal angle over the syncs: lordo_global_noqh {num(still, 3)} rad "
                                        f"(max), lordo {num(moving, 3)} rad (median)"),
-        Claim(texts[1], verdict_of(c_noqh, HIGHER), f"{diff_text(c_noqh)} nats; against ddp: {diff_text(c_ddp)}"),
-        Claim(texts[2], combine([verdict_of(c) for c in locals_]), "; ".join(diff_text(c) for c in locals_) + " (nats)"),
+        Claim(texts[1], verdict_of(c_noqh, HIGHER), f"{diff_text(c_noqh)}; against ddp: {diff_text(c_ddp)}"),
+        Claim(texts[2], combine([verdict_of(c) for c in locals_]), "; ".join(diff_text(c) for c in locals_)),
     ]
 
 
@@ -174,12 +176,12 @@ def sweep_claims(s: Stored, claim: str, values: int, ef_question: str) -> list[C
     a_method = c["a"].map(lambda label: s.row(label)["method"])
     b_method = c["b"].map(lambda label: s.row(label)["method"])
     chosen = c[(a_method == "lordo") & (b_method == "lordo_local")].head(values)
-    ours = "; ".join(f"{num(r['sweep_value'])}: {diff_text(r)} nats" for _, r in chosen.iterrows())
+    ours = "; ".join(f"{num(r['sweep_value'])}: {diff_text(r)}" for _, r in chosen.iterrows())
     answers = [f"{num(r['sweep_value'])}: {diff_text(r)} ({r['verdict']})"
                for _, r in c[a_method.isin(["lordo_noef", "lordo_local_noef"])].iterrows()]
     return [Claim(claim, combine([verdict_of(r) for _, r in chosen.iterrows()]), ours),
-            Claim(ef_question, "open question (D11), answered by the numbers",
-                  "; ".join(answers) + " (nats; noef = optim.error_feedback=false)")]
+            Claim(ef_question, "open question (D11), answered by the numbers" if answers else PENDING,
+                  "; ".join(answers) + " (noef: optim.error_feedback=false)" if answers else "not stored")]
 
 
 def rank_claims(s: Stored) -> list[Claim]:
@@ -206,11 +208,12 @@ def nu_claims(s: Stored) -> list[Claim]:
                       for d in steps])
     worst = (orth["nu_max_over_training"] - 1).abs().max()
     return [
-        Claim(texts[0], rising, "; ".join(f"r = {int(r['rank'])}: {num(r['nu_mean_over_training'])} +- "
-                                          f"{num(r['nu_mean_over_training_std'], 2)} (sqrt(r) = {num(r['sqrt_rank'], 3)})"
-                                          for _, r in dion.iterrows()) + " (mean over training)"),
+        Claim(texts[0], rising, "; ".join(
+            f"r = {int(r['rank'])}: {num(r['nu_mean_over_training'])} +- {num(r['nu_mean_over_training_std'], 2)} "
+            f"(sqrt(r) = {num(r['sqrt_rank'], 3)})" for _, r in dion.iterrows()) + " (mean over training)"),
         Claim(texts[1], PENDING if orth.empty else REPRODUCED if worst < NU_ONE else NOT_REPRODUCED,
-              f"largest |nu_t - 1| over training, ranks {', '.join(str(int(r)) for r in orth['rank'])}: {num(worst, 3)}"),
+              f"largest distance of nu_t from 1 over training, ranks {', '.join(str(int(r)) for r in orth['rank'])}: "
+              f"{num(worst, 3)}"),
     ]
 
 
@@ -226,7 +229,7 @@ def beta_claims(s: Stored) -> list[Claim]:
         at = {float(v): label for v, label in zip(rows["sweep_value"], rows["label"])}
         c = s.comparison(at.get(0.1), at.get(1.0)) if 0.1 in at and 1.0 in at else None
         best = rows.loc[rows["final_val_loss"].idxmin()] if len(rows) else None
-        ours = (f"{diff_text(c)} nats; best beta {num(best['sweep_value'])} (loss {num(best['final_val_loss'])})"
+        ours = (f"{diff_text(c)}; best beta {num(best['sweep_value'])} (loss {num(best['final_val_loss'])})"
                 if c is not None else "n/a")
         claims.append(Claim(text, verdict_of(c), ours))
     return claims
@@ -240,20 +243,20 @@ def convergence_claims(s: Stored) -> list[Claim]:
     if orth is None or dion is None:
         return pending(texts, f"{target(s.name)} OUT=results")
     claims = []
-    for text, metric, unit in ((texts[0], "steps_to_target", " steps"), (texts[1], "time_to_target_s", " s")):
+    for text, metric, unit in ((texts[0], "steps_to_target", "steps"), (texts[1], "time_to_target_s", "s")):
         c = s.comparison("orth_dion", "dion", metric)
         missed = int(orth["seeds"] - orth["steps_to_target_n"])
         verdict = NOT_REPRODUCED if missed else verdict_of(c)
         fewer = 100 * (1 - orth[metric] / dion[metric])
         claims.append(Claim(text, verdict, (f"did not reach it in {missed} of {int(orth['seeds'])} seeds; " if missed
-                                            else "") + f"{num(fewer, 3)} % fewer; {diff_text(c)}{unit}"))
+                                            else "") + f"{num(fewer, 3)} % fewer; {diff_text(c, unit)}"))
     if ada is None:
         return claims + pending(texts[2:], f"{target(s.name)} OUT=results")
     c = s.comparison("ada_orth_dion", "orth_dion")
     share = ada["active_rank_share_over_training"]
     at_most = verdict_of(c)  # "equal or lower loss": a tie within noise counts as equal
     verdict = NOT_REPRODUCED if share >= 1 - NU_ONE else REPRODUCED if at_most == TIE_WITHIN_NOISE else at_most
-    claims.append(Claim(texts[2], verdict, f"mean active rank share {num(share, 3)} of the cap; {diff_text(c)} nats"))
+    claims.append(Claim(texts[2], verdict, f"mean active rank share {num(share, 3)} of the cap; {diff_text(c)}"))
     return claims
 
 
@@ -293,11 +296,12 @@ def target(name: str) -> str:
     return f"make {TARGETS.get(name, name)}"
 
 
-def claims_markdown(claims: list[Claim], experiment: str | None = None) -> str:
-    head = "| experiment " if experiment else ""
-    lines = [f"{head}| paper claim | verdict | our numbers |", "|---" * (4 if experiment else 3) + "|"]
-    for c in claims:
-        lines.append(f"{f'| {experiment} ' if experiment else ''}| {c.paper} | {c.verdict} | {c.ours} |")
+def claims_markdown(claims: list[tuple[str, Claim]], linked: bool) -> str:
+    """A table of (experiment, claim) rows; `linked` adds a first column linking each experiment's folder."""
+    lines = [("| experiment " if linked else "") + "| paper claim | verdict | our numbers |",
+             "|---" * (4 if linked else 3) + "|"]
+    lines += [(f"| [{name}](experiments/{name}/) " if linked else "") + f"| {c.paper} | {c.verdict} | {c.ours} |"
+              for name, c in claims]
     return "\n".join(lines)
 
 
@@ -305,12 +309,14 @@ def stored_table_markdown(results: Path, name: str) -> str:
     path = results / name / PRESET / "table.md"
     if not path.exists():
         return f"The {PRESET} run is pending: `{target(name)} OUT=results` writes results/{name}/{PRESET}/."
-    return f"From results/{name}/{PRESET}/ (`{target(name)} OUT=results`):\n\n" + path.read_text().replace("### ", "#### ")
+    tables = path.read_text().replace("### ", "#### ")
+    return f"From results/{name}/{PRESET}/ (`{target(name)} OUT=results`):\n\n{tables}"
 
 
 def experiment_section(results: Path, name: str) -> str:
     """The body of an experiment README's 'What our run shows' section."""
-    parts = [claims_markdown(CLAIMS[name](Stored(results, name))), stored_table_markdown(results, name)]
+    claims = [(name, c) for c in CLAIMS[name](Stored(results, name))]
+    parts = [claims_markdown(claims, linked=False), stored_table_markdown(results, name)]
     if name == "communication":
         analytic = results / name / "analytic.md"
         parts.append("Analytic, at the paper sizes (results/communication/analytic.csv, `make accounting OUT=results`):"
@@ -324,8 +330,9 @@ def main_job_section(results: Path) -> str:
     if not runs:
         return "The main job's record is pending: `make train` writes results/train/."
     r = json.loads(runs[-1].read_text())
-    return (f"`make train` ({runs[-1].parent.relative_to(results.parent)}): {num(r['parameters'] / 1e6, 3)}M parameters, {r['world_size']} workers, "
-            f"{r['steps']} steps; validation perplexity {num(r['initial_val_ppl'])} -> {num(r['final_val_ppl'])}, "
+    return (f"`make train` ({runs[-1].parent.relative_to(results.parent)}): {num(r['parameters'] / 1e6, 3)}M "
+            f"parameters, {r['world_size']} workers, {r['steps']} steps; validation perplexity "
+            f"{num(r['initial_val_ppl'])} -> {num(r['final_val_ppl'])}, "
             f"{num(r['tokens_per_s'] / 1e3, 3)}k tokens/s over the workers, {num(r['wall_time_s'] / 60, 3)} min of "
             f"training wall time (commit {r['git_commit'][:10]}).")
 
@@ -340,9 +347,9 @@ def bench_section(results: Path) -> str:
                      f"batch {c['batch']}, {b['threads']} threads: training step {num(ratios['adamw']['step'], 4)}x "
                      f"AdamW's, optimizer step {num(ratios['adamw']['optimizer'], 3)}x "
                      f"({num(ratios['adamw_foreach']['optimizer'], 3)}x against foreach AdamW).")
-        lines.append(f"- Optimizer state at `{c['memory_size']}`, r = {c['memory_rank']}: AdamW's moments of the hidden "
-                     f"matrices over the low-rank moments {num(state['ratio_hidden_moments'], 3)}x, with the bases "
-                     f"{num(state['ratio_hidden_moments_and_bases'], 3)}x; whole-model optimizer state "
+        lines.append(f"- Optimizer state at `{c['memory_size']}`, r = {c['memory_rank']}: AdamW's moments of the "
+                     f"hidden matrices over the low-rank moments {num(state['ratio_hidden_moments'], 3)}x, with the "
+                     f"bases {num(state['ratio_hidden_moments_and_bases'], 3)}x; whole-model optimizer state "
                      f"{num(state['ratio_all_optimizer_states'], 3)}x; with error feedback "
                      f"{num(state['ratio_all_including_error_feedback'], 3)}x.")
     dion = results / "bench" / "dion.json"
@@ -364,12 +371,8 @@ def readme_section(results: Path) -> str:
              "of the means over seeds, else it is a tie within noise; 'about N x' counts when within 30 % of N. "
              "Regenerate the stored results with `make <experiment> OUT=results`, then `make figures report`.",
              "### Claims"]
-    rows = []
-    for name in EXPERIMENTS:
-        rows.extend((name, c) for c in CLAIMS[name](Stored(results, name)))
-    lines = ["| experiment | paper claim | verdict | our numbers |", "|---|---|---|---|"]
-    lines += [f"| [{name}](experiments/{name}/) | {c.paper} | {c.verdict} | {c.ours} |" for name, c in rows]
-    parts.append("\n".join(lines))
+    claims = [(name, c) for name in EXPERIMENTS for c in CLAIMS[name](Stored(results, name))]
+    parts.append(claims_markdown(claims, linked=True))
     for name in EXPERIMENTS:
         figure = Path("paper_figures") / f"{name}_{PRESET}.png"
         parts.append(f"### {name} (`{target(name)}`)\n\n" + stored_table_markdown(results, name)

@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .distributed.accounting import model_shapes, state_summary
+from .distributed.accounting import analytic_bytes_per_step, model_shapes, state_summary
+from .model import Transformer, model_config_from
+from .optim.lowrank_adam import resolve_rank
 from .optim.registry import optimizer_options
 from .results import read_record
 from .stats import difference, sample_std
@@ -243,9 +246,7 @@ def sweep_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFram
 def dion_rank(cfg: DictConfig) -> int:
     """The largest rank ceil(rank_fraction x min(m, n)) over the hidden matrices of a Dion-family run."""
     fraction = optimizer_setting(cfg, "rank_fraction")
-    model = OmegaConf.to_container(cfg.model)
-    shapes = model_shapes(model.pop("size"), **model)
-    return max(min(math.ceil(fraction * min(s)), min(s)) for s in shapes.lowrank)
+    return max(min(math.ceil(fraction * min(s)), min(s)) for s in model_shapes_of(cfg).lowrank)
 
 
 def nu_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
@@ -283,11 +284,40 @@ def convergence_table(results: list[RunResult], params: dict) -> dict[str, pd.Da
     return {"table": table, "comparisons": compare_rows(table, params.get("compare", []))}
 
 
+def model_shapes_of(cfg: DictConfig):
+    model = OmegaConf.to_container(cfg.model)
+    return model_shapes(model.pop("size"), **model)
+
+
+def analytic_options(cfg: DictConfig) -> dict:
+    """The accounting options (lowcomm.distributed.accounting.analytic_events) of a run's resolved config: its sync
+    section with the low-rank optimizer's rank, or Dion's rank fraction for self-synchronizing optimizers."""
+    opts = optimizer_options(OmegaConf.to_container(cfg.optim))
+    if cfg.sync.name == "optimizer_sync":
+        return {"name": "dion", "rank_fraction": opts.rank_fraction}
+    sync = OmegaConf.to_container(cfg.sync)
+    if cfg.optim.name in ("lordo_local_step", "ldadam", "galore"):
+        with torch.device("meta"):
+            sync["rank"] = resolve_rank(opts, Transformer(model_config_from(cfg.model)))
+    return sync
+
+
+def analytic_bytes(run: RunResult) -> float:
+    """Bytes per worker per step the analytic model gives for the run (amortized over its steps; Ada-Orth-Dion at
+    its rank cap)."""
+    c = run.config
+    per_kind = analytic_bytes_per_step(analytic_options(c), model_shapes_of(c), c.train.devices * c.train.num_nodes,
+                                       steps=run.record["steps"])
+    return sum(per_kind.values())
+
+
 def communication_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
-    """Measured bytes, collectives, step time and state per method at this size, and the modeled time per step
-    and time to the target loss (the worst final validation loss of the rows, so that every row reaches it) at
-    each bandwidth."""
-    table = summarize(per_run_frame(results))
+    """Measured bytes (beside the analytic model's), collectives, step time and state per method at this size, and
+    the modeled time per step and time to the target loss (the worst final validation loss of the rows, so that
+    every row reaches it) at each bandwidth."""
+    runs = per_run_frame(results)
+    runs["analytic_bytes_per_step"] = [analytic_bytes(r) for r in results]
+    table = summarize(runs)
     curves = mean_curves(results)
     target = float(table["final_val_loss"].max())
     table["target_loss"] = target
@@ -323,7 +353,8 @@ SHOWN = {
     "beta": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"],
     "convergence": ["label", "seeds", "final_val_loss", "final_val_loss_std", "steps_to_target", "steps_to_target_std",
                     "steps_to_target_n", "step_time_s", "time_to_target_s", "active_rank_share_over_training"],
-    "communication": ["label", "seeds", "bytes_per_step/total", "collectives_per_step", "step_time_s",
+    "communication": ["label", "seeds", "bytes_per_step/total", "analytic_bytes_per_step", "collectives_per_step",
+                      "step_time_s",
                       "optimizer_state_bytes", "final_val_loss", "steps_to_target", "t_step_s_1gbps",
                       "t_step_s_10gbps", "t_step_s_100gbps", "time_to_target_s_1gbps", "time_to_target_s_10gbps",
                       "time_to_target_s_100gbps"],
@@ -342,8 +373,8 @@ def markdown(tables: dict[str, pd.DataFrame], kind: str) -> str:
     """table.md: the kind's shown columns of the main table, then every other table whole."""
     parts = []
     for name, table in tables.items():
-        shown = ([c for entry in SHOWN[kind] for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
-                 if name == "table" else list(table.columns))
+        shown = list(table.columns) if name != "table" else [
+            c for entry in SHOWN[kind] for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
         parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g"))
     return "\n\n".join(parts) + "\n"
 

@@ -2,7 +2,8 @@
 and the optimizer state it holds, for every method.
 
 Every collective of a method is an Event: `elements` numbers sent by `collective` at steps t >= first with
-(t - first) % period == 0 (period 0: once), in `collectives` calls. Bytes per worker follow the Communicator's model: ring all-reduce
+(t - first) % period == 0 (period 0: once), in `collectives` calls. Bytes per worker follow the Communicator's
+model: ring all-reduce
 2(M-1)/M x payload, pipelined broadcast (M-1)/M x payload. Per matrix (p x q) with rank r:
   ddp          G every step: sum pq (all parameters)
   lowrank_ddp  Q^T G every step: r max(p, q) per matrix, G of the other parameters, and the matrices' G every T
@@ -305,7 +306,8 @@ def method_row(method: PaperMethod, shapes: ParamShapes, steps: int, bytes_per_e
     collectives = analytic_collectives_per_step(opts, shapes)
     state = state_summary({**analytic_optimizer_state(method.family, shapes, opts, bytes_per_element=b),
                            **analytic_sync_state(opts, shapes, b)})
-    row = dict(steady_mb=steady / 1e6, amortized_mb=sum(analytic_bytes_per_step(opts, shapes, m, b, steps).values()) / 1e6,
+    amortized = sum(analytic_bytes_per_step(opts, shapes, m, b, steps).values())
+    row = dict(steady_mb=steady / 1e6, amortized_mb=amortized / 1e6,
                collectives_per_step=collectives, **{k.replace("_bytes", "_mb"): v / 1e6 for k, v in state.items()})
     for bw in BANDWIDTHS_GBPS:
         row[f"comm_s_{bw:g}gbps"] = step_time(0.0, steady, collectives, bw, latency_s)
