@@ -111,13 +111,17 @@ class SupervisedLauncher(_MultiProcessingLauncher):
         """Wait until every worker has exited; raise WorkerFailed (after killing the rest) on the first failure."""
         waiting = {p.sentinel: p for p in self.procs}
         while waiting:
-            timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+            # a wait interrupted by a signal resumes with its old timeout, so wake each second to see a new deadline
+            timeout = 1.0 if self._deadline is None else min(1.0, max(0.0, self._deadline - time.monotonic()))
             for sentinel in multiprocessing.connection.wait(list(waiting), timeout):
                 waiting.pop(sentinel).join()
+            failures = None
             if self._deadline is not None and time.monotonic() >= self._deadline:
-                self.kill(signal.SIGKILL)  # the workers did not stop within stop_grace_s of the signal
-            if any(p.exitcode not in (None, 0) for p in self.procs):
+                failures = {r: f"did not stop within {self.stop_grace_s:g} s of {signal.Signals(self.received).name}"
+                            for r, p in enumerate(self.procs) if p.is_alive()}
+            elif any(p.exitcode not in (None, 0) for p in self.procs):
                 failures = self._culprits()
+            if failures:
                 self.kill(signal.SIGKILL)
                 for p in self.procs:
                     p.join()
