@@ -6,10 +6,11 @@ import torch
 from omegaconf import OmegaConf
 
 from lowcomm import data, experiment
+from lowcomm.checks import check_devices
 from lowcomm.config import ConfigError, load_config
 from lowcomm.data import DataUnavailable
 from lowcomm.results import RunDirectory
-from lowcomm.train import main, train, validate
+from lowcomm.train import check_environment, main, train, validate
 
 SMOKE = ["model.size=smoke", "data.vocab_size=512", "data.context=64", "data.batch_size=8", "data.val_batches=4",
          "train.devices=2", "train.steps=30", "train.warmup=5", "train.val_every=15", "train.log_every=5",
@@ -105,12 +106,12 @@ def test_bad_settings_are_one_line_errors_naming_the_key(override, message, monk
 def test_gpu_without_a_gpu_is_an_error_before_start(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="train.accelerator=gpu but torch sees no CUDA GPU"):
-        validate(load_config(None, SMOKE + ["train.accelerator=gpu"]))
+        check_devices(load_config(None, SMOKE + ["train.accelerator=gpu"]))
 
 
 def test_smollm_without_the_hub_fails_before_start():
     with pytest.raises(DataUnavailable, match="hub access: use data.corpus=offline"):
-        validate(load_config(None, SMOKE + ["data.corpus=smollm"]))  # the tests run with HF_HUB_OFFLINE=1
+        check_environment(load_config(None, SMOKE + ["data.corpus=smollm"]))  # the tests run with HF_HUB_OFFLINE=1
 
 
 def test_malformed_yaml_names_file_line_and_column(tmp_path):
@@ -153,5 +154,7 @@ def test_a_truncated_checkpoint_names_the_file_and_rank(tmp_path):
 
 
 def test_experiment_help_prints_the_usage(capsys):
-    experiment.main(["--help"])
+    with pytest.raises(SystemExit) as exit_:
+        experiment.main(["--help"])
+    assert exit_.value.code == 0
     assert "python -m lowcomm.experiment" in capsys.readouterr().out

@@ -47,6 +47,17 @@ def optimizer_message(message: str, optim_cfg: dict) -> str:
     return re.sub(r"(?<![\w.])(\w+)(?==)", lambda m: f"optim.{m[1]}" if m[1] in keys else m[1], message)
 
 
+def check_devices(cfg: DictConfig) -> None:
+    """A GPU run needs train.devices GPUs on this machine (checked when training starts, not when a config is
+    validated elsewhere)."""
+    t = cfg.train
+    if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.accelerator={t.accelerator} but torch sees no CUDA GPU here: use train.accelerator=cpu")
+    if t.accelerator in ("gpu", "cuda") and t.devices > torch.cuda.device_count():
+        raise ConfigError(f"train.devices={t.devices} but this node has {torch.cuda.device_count()} GPU(s): "
+                          f"set train.devices <= {torch.cuda.device_count()}")
+
+
 def check_launch(cfg: DictConfig) -> None:
     """Several nodes need a launcher (torchrun or SLURM) that started this process with the matching world size;
     every node must name the same run directory."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .checks import check_hub, check_launch, check_resume, optimizer_message
+from .checks import check_devices, check_hub, check_launch, check_resume, optimizer_message
 from .config import ConfigError, load_config
 from .data import DataUnavailable, offline_streams, require_package
 from .distributed.options import sync_options
@@ -81,11 +81,6 @@ def validate(cfg: DictConfig) -> None:
         )
     if t.accelerator not in ("cpu", "gpu", "cuda", "auto"):
         raise ConfigError(f"train.accelerator={t.accelerator!r}: use cpu, gpu or auto")
-    if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.accelerator={t.accelerator} but torch sees no CUDA GPU here: use train.accelerator=cpu")
-    if t.accelerator in ("gpu", "cuda") and t.devices > torch.cuda.device_count():
-        raise ConfigError(f"train.devices={t.devices} but this node has {torch.cuda.device_count()} GPU(s): "
-                          f"set train.devices <= {torch.cuda.device_count()}")
     if t.precision not in PRECISIONS:
         raise ConfigError(f"train.precision={t.precision!r} is not supported: use one of {list(PRECISIONS)}")
     check_launch(cfg)
@@ -94,6 +89,12 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"run.name={name!r} must be a plain directory name (no '/'), created under run.out_dir")
     if cfg.run.resume_from:
         check_resume(cfg)
+
+
+def check_environment(cfg: DictConfig) -> None:
+    """What a config needs of this machine, checked before training starts (not by `validate`, which also builds
+    paper presets on machines without them): the GPUs it asks for, and the hub for the SmolLM corpus."""
+    check_devices(cfg)
     if cfg.data.corpus == "smollm":
         check_hub(cfg)
 
@@ -162,6 +163,7 @@ def train(cfg: DictConfig) -> Path:
     """Validate, prepare data, train with Lightning over train.devices x train.num_nodes workers; return the run
     directory of a complete run, else raise RunEnded (interrupted, diverged, a worker failed)."""
     validate(cfg)
+    check_environment(cfg)
     import lightning as L
 
     from .lightning.launcher import WorkerFailed, collective_error, is_collective_failure
