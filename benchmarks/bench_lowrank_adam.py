@@ -167,7 +167,7 @@ def main() -> None:
     memory = state_bytes_on_meta(args.memory_size, args.memory_rank)
     print_tables(timing, memory, args)
     record = {
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "config": {k: v for k, v in vars(args).items() if k != "out"},  # no machine paths in results/
         "device": "cpu",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

@@ -156,25 +156,26 @@ def draw_convergence(fig, preset_dir: Path) -> None:
     ax.legend(fontsize=7)
 
 
+def draw_over_bandwidth(frame: pd.DataFrame, hue: str, prefix: str, ax, ylabel: str, title: str) -> None:
+    """Columns `<prefix><bandwidth>gbps` of `frame` as one line per `hue` over the bandwidth (log-log)."""
+    cols = [c for c in frame if c.startswith(prefix)]
+    long = frame.melt(id_vars=[hue], value_vars=cols, var_name="bw", value_name="seconds")
+    long["bandwidth (Gbit/s)"] = long["bw"].str.extract(r"_([\d.]+)gbps$")[0].astype(float)
+    sns.lineplot(long, x="bandwidth (Gbit/s)", y="seconds", hue=hue, marker="o", ax=ax)
+    ax.set(xscale="log", yscale="log", ylabel=ylabel, title=title)
+
+
 def draw_communication(fig, preset_dir: Path) -> None:
     analytic_path = preset_dir.parent / "analytic.csv"
     axes = fig.subplots(1, 2 if analytic_path.exists() else 1, squeeze=False)[0]
     table = pd.read_csv(preset_dir / "table.csv")
-    cols = [c for c in table if c.startswith("time_to_target_s_")]
-    long = table.melt(id_vars=["label"], value_vars=cols, var_name="bw", value_name="seconds")
-    long["bandwidth (Gbit/s)"] = long["bw"].str.extract(r"_([\d.]+)gbps$")[0].astype(float)
-    sns.lineplot(long, x="bandwidth (Gbit/s)", y="seconds", hue="label", marker="o", ax=axes[0])
-    axes[0].set(xscale="log", yscale="log", ylabel="modeled time to the target loss (s)",
-                title=f"measured size; latency {table['modeled_latency_s'].iloc[0]:g} s per collective")
+    draw_over_bandwidth(table, "label", "time_to_target_s_", axes[0], "modeled time to the target loss (s)",
+                        f"measured size; latency {table['modeled_latency_s'].iloc[0]:g} s per collective")
     if len(axes) > 1:
         analytic = pd.read_csv(analytic_path)
         largest = analytic[analytic["size"] == analytic.sort_values("steady_mb")["size"].iloc[-1]]
-        cols = [c for c in analytic if c.startswith("comm_s_")]
-        long = largest.melt(id_vars=["method"], value_vars=cols, var_name="bw", value_name="seconds")
-        long["bandwidth (Gbit/s)"] = long["bw"].str.extract(r"_([\d.]+)gbps$")[0].astype(float)
-        sns.lineplot(long, x="bandwidth (Gbit/s)", y="seconds", hue="method", marker="o", ax=axes[1])
-        axes[1].set(xscale="log", yscale="log", ylabel="communication time per step (s, analytic)",
-                    title=f"{largest['size'].iloc[0]}, latency {analytic['latency_s'].iloc[0]:g} s")
+        draw_over_bandwidth(largest, "method", "comm_s_", axes[1], "communication time per step (s, analytic)",
+                            f"{largest['size'].iloc[0]}, latency {analytic['latency_s'].iloc[0]:g} s")
 
 
 DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {
