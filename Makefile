@@ -25,10 +25,17 @@ test: install
 train: install
 	$(PY) -m lowcomm.train experiments/train/config.yaml
 
-# Benchmarks: step time and optimizer-state memory (results/bench/*.json).
+# Benchmarks (results/bench/): harness overhead and start-up against plain PyTorch, compute efficiency, LoRDO's
+# sync, every optimizer's step; then results/bench/summary.md (figure, goal, measured). About 15 min on 2 cores.
+# benchmarks/gpu_smoke.sh is the one-GPU check (not part of `make bench`).
 bench: install
+	$(PY) benchmarks/bench_harness.py
+	$(PY) benchmarks/bench_flops.py
+	$(PY) benchmarks/bench_lordo_sync.py
+	$(PY) benchmarks/bench_optimizers.py
 	$(PY) benchmarks/bench_lowrank_adam.py
 	$(PY) benchmarks/bench_dion.py
+	$(PY) benchmarks/summary.py
 
 # Experiments (experiments/<name>/): `make <name>`, `make table3` (= table3_main), `make experiments` (all).
 #   PRESET=smoke|cpu|paper (default cpu)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from common import git_commit
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import Dion
 
@@ -64,13 +64,6 @@ def time_step(optimizer: torch.optim.Optimizer) -> float:
     start = time.perf_counter()
     optimizer.step()
     return time.perf_counter() - start
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def table_rows(best_ms: dict, median_ms: dict) -> list[dict]:

@@ -15,22 +15,15 @@ import argparse
 import copy
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from common import ROOT, git_commit
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
 from lowcomm.optim.projection import basis_rows, projection_side
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def git_commit() -> str:
-    result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
 def lordo_config(rank: int) -> dict:

@@ -90,6 +90,21 @@ def draw_methods(fig, preset_dir: Path) -> None:
     ax2.tick_params(axis="x", rotation=45)
 
 
+def draw_spectral(fig, preset_dir: Path) -> None:
+    """The methods panels, and where the runs carry the probe (the probe preset) the cosine of each sync's averaged
+    pseudo-gradient to the full-batch direction of the same K steps."""
+    column = "probe/pseudo_gradient_cosine"
+    probe = metric_rows(preset_dir, [column])
+    probe = probe.dropna(subset=[column]) if column in probe else probe.iloc[0:0]
+    if probe.empty:
+        draw_methods(fig, preset_dir)
+        return
+    ax1, ax2 = fig.subplots(1, 2)
+    validation_panel(ax1, preset_dir)
+    sns.lineplot(probe, x="step", y=column, hue="label", marker="o", errorbar=BAND, ax=ax2)
+    ax2.set(ylabel="cosine(Delta, full-batch direction)", title="pseudo-gradient direction at each sync")
+
+
 def draw_stagnation(fig, preset_dir: Path) -> None:
     angles = sync_angle_rows(preset_dir)
     layers = [c for c in angles if c.startswith("subspace/angle/")]
@@ -187,6 +202,7 @@ DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {
     "beta_sweep": (draw_beta, (6, 4)),
     "orthdion_convergence": (draw_convergence, (6, 4)),
     "communication": (draw_communication, (12, 4.5)),
+    "spectral_local_steps": (draw_spectral, (11, 4)),
 }
 
 

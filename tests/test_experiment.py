@@ -99,6 +99,19 @@ def test_a_run_is_reused_only_when_complete_with_the_same_config(spec_path, tmp_
     assert stale_reason(tmp_path / "complete", other) == "its config differs (optim.omega: stored '<absent>', now 0.5)"
 
 
+def test_a_schema_key_added_after_the_run_stands_for_its_default(spec_path, tmp_path):
+    """A run stored before `train.compile` existed ran uncompiled: it stands for compile=false, not for true."""
+    spec = load_spec(spec_path)
+    run = experiment_grid(spec, "cpu")[0]
+    cfg = resolved_config(spec, run, tmp_path / "runs")
+    stored = OmegaConf.to_container(cfg)
+    del stored["train"]["compile"]
+    write_run(tmp_path / "older", OmegaConf.create(stored), {"status": "complete"})
+    assert stale_reason(tmp_path / "older", cfg) is None
+    compiled = resolved_config(spec, experiment_grid(spec, "cpu", extra=["train.compile=true"])[0], tmp_path / "runs")
+    assert stale_reason(tmp_path / "older", compiled) == "its config differs (train.compile: stored False, now True)"
+
+
 def test_config_difference_names_the_first_differing_key():
     assert config_difference({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 2}}) is None
     assert config_difference({"a": {"b": 1}}, {"a": {"b": 2}}) == "a.b: stored 1, now 2"

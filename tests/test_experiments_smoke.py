@@ -94,9 +94,18 @@ def check_communication(table: pd.DataFrame, comparisons) -> None:
     assert t["time_to_target_s_1gbps"].ge(t["time_to_target_s_100gbps"]).all()
 
 
+def check_spectral(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+    """MuLoCo sends DiLoCo's bytes (the same dense Delta every K); the local Orth-Dion rows keep nu_t = 1."""
+    t = table.set_index("label")
+    assert t.loc["muloco", "bytes_per_step/total"] == t.loc["diloco", "bytes_per_step/total"]
+    assert (t.loc[["orth_dion_local", "lordo_orth_dion"], "nu_mean_over_training"] - 1).abs().max() < 1e-3
+    assert list(comparisons["a"]) == ["muloco", "orth_dion_local", "lordo_orth_dion"]
+
+
 CHECKS = {"table3_main": check_table3, "stagnation_ablation": check_stagnation, "rank_sweep": check_rank_sweep,
           "batch_size_sensitivity": check_batch_sweep, "nu_measurement": check_nu, "beta_sweep": check_beta,
-          "orthdion_convergence": check_convergence, "communication": check_communication}
+          "orthdion_convergence": check_convergence, "communication": check_communication,
+          "spectral_local_steps": check_spectral}
 
 
 @pytest.mark.parametrize("name", report.EXPERIMENTS)

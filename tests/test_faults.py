@@ -1,4 +1,5 @@
-"""Faults after start-up, on real spawned gloo workers: signals, a killed worker, a diverging loss."""
+"""Faults after start-up, on real gloo workers (forked from the run's fork server): signals, a killed worker, a
+diverging loss."""
 
 import csv
 import json
@@ -49,12 +50,14 @@ def descendants(pid: int) -> list[int]:
 
 
 def workers_by_rank(pid: int) -> list[int]:
-    """The spawned workers of the training process `pid`, in start order (= rank order)."""
-    def started(p):
-        return int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    """The workers of the training process `pid` (children of its fork server), in start order (= rank order)."""
+    def stat(p):
+        return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
 
-    spawned = [p for p in descendants(pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    return sorted(spawned, key=started)
+    servers = {p for p in descendants(pid) if int(stat(p)[1]) == pid
+               and b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()}
+    workers = [p for p in descendants(pid) if int(stat(p)[1]) in servers]
+    return sorted(workers, key=lambda p: int(stat(p)[19]))
 
 
 def start_run(out_dir: Path, *overrides: str) -> subprocess.Popen:

@@ -69,3 +69,24 @@ def test_a_readme_without_markers_is_an_error(tmp_path):
     text = f"a\n{report.README_MARKERS[0]}\nold\n{report.README_MARKERS[1]}\nb\n"
     assert report.replace_between(text, report.README_MARKERS, "new", path) == \
         f"a\n{report.README_MARKERS[0]}\nnew\n{report.README_MARKERS[1]}\nb\n"
+
+
+def test_spectral_verdicts_answer_the_questions_and_the_probe_needs_two_seeds(tmp_path):
+    base = tmp_path / "spectral_local_steps"
+    labels = ["ddp", "diloco", "lordo", "muloco", "orth_dion_local", "lordo_orth_dion"]
+    for preset, seeds in (("cpu", 2), ("probe", 1)):
+        (base / preset).mkdir(parents=True)
+        pd.DataFrame([{"label": k, "final_val_loss": 4.0, "final_val_loss_std": 0.01, "seeds": seeds,
+                       "bytes_ratio_to_ddp": 1 / 32, "probe_cosine_mean_over_syncs": {"muloco": 0.6}.get(k, 0.4)}
+                      for k in labels]).to_csv(base / preset / "table.csv", index=False)
+    verdicts = {("muloco", "diloco"): "lower", ("orth_dion_local", "lordo"): "higher",
+                ("lordo_orth_dion", "orth_dion_local"): "tie"}
+    pd.DataFrame([{"a": a, "b": b, "metric": "final_val_loss", "diff": 0.1, "diff_std": 0.01, "a_seeds": 2,
+                   "b_seeds": 2, "verdict": v} for (a, b), v in verdicts.items()]).to_csv(
+        base / "cpu" / "comparisons.csv", index=False)
+    claims = report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))
+    assert [c.verdict for c in claims] == [REPRODUCED, "lordo lower", TIE_WITHIN_NOISE, report.NO_VERDICT]
+    assert "muloco 32x, diloco 32x" in claims[0].ours and "muloco 0.6, diloco 0.4" in claims[3].ours
+    table = pd.read_csv(base / "probe" / "table.csv").assign(seeds=2)
+    table.to_csv(base / "probe" / "table.csv", index=False)
+    assert report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))[3].verdict == REPRODUCED

@@ -1,5 +1,7 @@
 import json
+import os
 import re
+import signal
 
 import pytest
 import torch
@@ -30,6 +32,18 @@ def test_two_process_gloo_run_learns_and_ends_with_identical_replicas(tmp_path, 
     lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == [f"{s}/30" for s in range(5, 31, 5)]
     assert re.search(r"val_loss (\d+\.\d+) \(step 30\).* tok/s +ETA 0s$", lines[-1])[1] == f"{record['final_val_loss']:.4f}"
+
+
+def test_one_worker_trains_in_this_process_and_leaves_it_as_it_was(tmp_path):
+    """No worker process; afterwards the environment, the process group and the Ctrl-C handler are as before (a
+    later run, or a torchrun command started from here, would otherwise take MASTER_PORT / LOCAL_RANK from it)."""
+    environ, handler = dict(os.environ), signal.getsignal(signal.SIGINT)
+    cfg = load_config(None, SMOKE + ["train.devices=1", "train.steps=10", "train.val_every=10",
+                                     f"run.out_dir={tmp_path}", "run.name=one"])
+    record = json.loads((train(cfg) / "record.json").read_text())
+    assert record["status"] == "complete" and record["world_size"] == 1
+    assert dict(os.environ) == environ and signal.getsignal(signal.SIGINT) is handler
+    assert not torch.distributed.is_initialized()
 
 
 def test_progress_bar_shows_the_latest_validation_loss(tmp_path, capfd):

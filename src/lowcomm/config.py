@@ -51,6 +51,7 @@ class TrainSection:
     threads: int = 1  # torch threads per worker process on CPU
     progress_bar: bool = True  # false: a progress line every log_every steps instead
     collective_timeout_s: float = 300.0  # a collective waiting longer than this for a peer ends the run
+    compile: bool = False  # torch.compile the training loss (forward and backward; inductor, also on CPU)
 
 
 @dataclass
@@ -108,6 +109,12 @@ def method_preset(name: str) -> DictConfig:
         known = sorted(p.stem for p in METHODS_DIR.glob("*.yaml"))
         raise ConfigError(f"method={name!r} has no preset {path}: choose one of {known}")
     return load_yaml(path)
+
+
+def with_defaults(stored: DictConfig | dict) -> dict:
+    """A stored run config on the schema: a key the run's config lacks (added to the schema after the run) takes
+    its default, which is the behaviour the run had."""
+    return OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Config), stored))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

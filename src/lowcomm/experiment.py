@@ -40,7 +40,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, load_config
+from .config import ConfigError, load_config, with_defaults
 from .data import DataUnavailable
 from .results import read_record
 from .stats import within_reference
@@ -142,6 +142,11 @@ def config_difference(stored: dict, resolved: dict, prefix: str = "") -> str | N
     return None
 
 
+def stored_config_difference(run_dir: Path, cfg: DictConfig) -> str | None:
+    """config_difference between the run's stored config.yaml (on the schema's defaults) and `cfg`."""
+    return config_difference(with_defaults(OmegaConf.load(run_dir / "config.yaml")), OmegaConf.to_container(cfg))
+
+
 def stale_reason(run_dir: Path, cfg: DictConfig) -> str | None:
     """Why the run stored in `run_dir` cannot stand for the run of `cfg` (None: it can be reused)."""
     if not (run_dir / "record.json").exists():
@@ -153,8 +158,7 @@ def stale_reason(run_dir: Path, cfg: DictConfig) -> str | None:
         return f"its record says status {status!r}"
     if not (run_dir / "config.yaml").exists():
         return "it has no config.yaml"
-    diff = config_difference(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")),
-                             OmegaConf.to_container(cfg))
+    diff = stored_config_difference(run_dir, cfg)
     return f"its config differs ({diff})" if diff else None
 
 
@@ -263,8 +267,7 @@ def provenance_problems(config_path: str | Path, preset: str, out: Path = RESULT
                 problems.append(f"{row['label']}: run {name} has no record.json or config.yaml in {run_dir}")
             else:
                 record = read_record(run_dir)
-                diff = config_difference(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")),
-                                         OmegaConf.to_container(resolved_config(spec, grid[name], out_dir / "runs")))
+                diff = stored_config_difference(run_dir, resolved_config(spec, grid[name], out_dir / "runs"))
                 if diff:
                     problems.append(f"{row['label']}: run {name} was made with another config ({diff}): rerun it")
                 if record.get("status", "complete") != "complete":

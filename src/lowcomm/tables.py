@@ -9,6 +9,7 @@ a - b with the two-standard-deviation verdict of lowcomm.stats. Derived per run:
   collectives_per_step   collective calls per training step (comm/training_collectives / steps)
   nu_*_over_training, active_rank_share_over_training           from the logged metrics
   angle_*_over_syncs     largest principal angle between consecutive bases, at the sync steps (t % K == 0)
+  probe_cosine_mean_over_syncs   mean cosine of Delta to the full-batch direction over the syncs (probe runs)
 Modeled columns follow lowcomm.wallclock and carry their parameters (bandwidth, latency) as columns.
 """
 
@@ -102,6 +103,7 @@ def run_features(run: RunResult) -> dict[str, Any]:
     out["nu_mean_over_training"] = _column_stat(m, "spectral/nu_mean", "mean")
     out["nu_max_over_training"] = _column_stat(m, "spectral/nu_max", "max")
     out["active_rank_share_over_training"] = _column_stat(m, "spectral/active_rank_share", "mean")
+    out["probe_cosine_mean_over_syncs"] = _column_stat(m, "probe/pseudo_gradient_cosine", "mean")
     angles = sync_angles(run)
     out["angle_max_over_syncs"] = float(angles.max()) if len(angles) else math.nan
     out["angle_median_over_syncs"] = float(angles.median()) if len(angles) else math.nan
@@ -333,6 +335,7 @@ KINDS: dict[str, Callable[[list[RunResult], dict], dict[str, pd.DataFrame]]] = {
     "stagnation": stagnation_table,
     "sweep": sweep_table,
     "nu": nu_table,
+    "spectral": methods_table,
     "beta": beta_table,
     "convergence": convergence_table,
     "communication": communication_table,
@@ -344,6 +347,9 @@ SHOWN = {
                 "downstream", "downstream/", "bytes_per_step/total", "bytes_ratio_to_ddp", "bytes_ratio_to_lowrank_ddp",
                 "optimizer_state_bytes", "state_ratio_to_adamw", "matrix_moments_ratio", "error_feedback_bytes",
                 "anchor_bytes", "time_to_final_s_10gbps"],
+    "spectral": ["label", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl", "final_val_ppl_std",
+                 "bytes_per_step/total", "bytes_ratio_to_ddp", "optimizer_state_bytes", "state_ratio_to_adamw",
+                 "nu_mean_over_training", "probe_cosine_mean_over_syncs"],
     "stagnation": ["label", "seeds", "omega", "weight_decay", "final_val_loss", "final_val_loss_std", "final_val_ppl",
                    "angle_max_over_syncs", "angle_median_over_syncs"],
     "sweep": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl",

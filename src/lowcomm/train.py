@@ -106,18 +106,26 @@ def run_name(cfg: DictConfig) -> str:
     return f"{method}-{cfg.model.size}-s{cfg.train.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def on_cpu(cfg: DictConfig) -> bool:
+    return cfg.train.accelerator == "cpu" or (cfg.train.accelerator == "auto" and not torch.cuda.is_available())
+
+
+def starts_workers(cfg: DictConfig) -> bool:
+    """True where this process starts the CPU workers itself (from a fork server); one worker runs in this process,
+    and processes started by torchrun / SLURM are workers already."""
+    return on_cpu(cfg) and "LOCAL_RANK" not in os.environ and cfg.train.devices * cfg.train.num_nodes > 1
+
+
 def build_strategy(cfg: DictConfig):
-    """The SyncStrategy over gloo (CPU) or NCCL (GPU), on workers it spawns itself, or on processes started by
-    torchrun / SLURM (one per device)."""
+    """The SyncStrategy over gloo (CPU) or NCCL (GPU), on workers it starts itself, in this process (one worker),
+    or on processes started by torchrun / SLURM (one per device)."""
     from .lightning.strategy import SyncStrategy
 
     t = cfg.train
-    cpu = t.accelerator == "cpu" or (t.accelerator == "auto" and not torch.cuda.is_available())
-    launched = "LOCAL_RANK" in os.environ
     return SyncStrategy(
         cfg.sync, t.clip, t.collective_timeout_s,
-        process_group_backend="gloo" if cpu else "nccl",
-        start_method="spawn" if cpu and not launched else "popen",
+        process_group_backend="gloo" if on_cpu(cfg) else "nccl",
+        start_method="forkserver" if starts_workers(cfg) else "popen",
     )
 
 
@@ -162,6 +170,11 @@ def failed(cfg: DictConfig, run_dir: Path, failures: dict[int, str], received: i
 def train(cfg: DictConfig) -> Path:
     """Validate, prepare data, train with Lightning over train.devices x train.num_nodes workers; return the run
     directory of a complete run, else raise RunEnded (interrupted, diverged, a worker failed)."""
+    environ = dict(os.environ)  # Lightning sets PL_GLOBAL_SEED, MASTER_PORT, LOCAL_RANK, ... in this process
+    from .lightning.workers import start_worker_server
+
+    if starts_workers(cfg):
+        start_worker_server()  # its imports overlap with this function's until the workers start
     validate(cfg)
     check_environment(cfg)
     import lightning as L
@@ -170,17 +183,16 @@ def train(cfg: DictConfig) -> Path:
     from .lightning.module import LanguageModelTask
     from .results import RunDirectory
 
-    if cfg.data.corpus == "offline":
-        offline_streams(cfg.data.vocab_size)  # build the tokenizer and token cache once, before workers start
+    # the offline corpus is tokenized (or read from its cache) once, here, and shared with the workers
+    offline_tokens = offline_streams(cfg.data.vocab_size)[:2] if cfg.data.corpus == "offline" else None
     run_dir = Path(cfg.run.out_dir) / run_name(cfg)
     if cfg.run.overwrite and cfg.run.resume_from and run_dir.resolve() in Path(cfg.run.resume_from).resolve().parents:
         raise ConfigError(f"run.overwrite=true would delete run.resume_from={cfg.run.resume_from}: choose another "
                           "run.name for the resumed run")
     if int(os.environ.get("RANK", "0")) == 0:
         RunDirectory(run_dir).create(cfg, overwrite=cfg.run.overwrite)
-    torch.set_num_threads(cfg.train.threads)
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-    task = LanguageModelTask(cfg, str(run_dir))
+    task = LanguageModelTask(cfg, str(run_dir), offline_tokens)
     t = cfg.train
     trainer = L.Trainer(
         accelerator=t.accelerator,
@@ -199,7 +211,7 @@ def train(cfg: DictConfig) -> Path:
     )
     try:
         trainer.fit(task, ckpt_path=cfg.run.resume_from)
-    except WorkerFailed as failure:  # spawned workers: the parent names the rank
+    except WorkerFailed as failure:  # workers started here: the parent names the rank
         raise failed(cfg, run_dir, failure.failures, failure.signal) from None
     except Exception as err:  # a process started by torchrun / SLURM: its own collective failed
         if not is_collective_failure(err):
@@ -207,6 +219,9 @@ def train(cfg: DictConfig) -> Path:
         rank = int(os.environ.get("RANK", "0"))
         raise failed(cfg, run_dir, {rank: f"had a collective fail ({collective_error(err)}): another worker "
                                           f"died or did not answer within train.collective_timeout_s"}, None) from None
+    finally:  # a run inside a longer-lived process leaves its environment as it found it
+        os.environ.clear()
+        os.environ.update(environ)
     if task.outcome["status"] != "complete":
         raise ended(task.outcome, cfg, run_dir)
     return run_dir

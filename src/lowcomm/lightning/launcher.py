@@ -1,5 +1,9 @@
-"""SupervisedLauncher: Lightning's spawn launcher, with the parent process watching its workers.
+"""SupervisedLauncher: Lightning's multiprocessing launcher on a fork server, with the parent watching its workers.
 
+- Workers are forked from a server process that imported the training modules once (`start_worker_server`, called
+  before the parent's own imports so that the two overlap), instead of each importing torch and Lightning anew; each
+  worker gets the parent's environment, global state and standard output and error at launch, as a spawned
+  worker would.
 - SIGINT / SIGTERM to the parent reach every worker, which stops at the next step boundary; a second signal, or
   no exit within `stop_grace_s`, kills the workers.
 - The first worker to die, raise or stop responding ends the run: the others are killed at once and WorkerFailed
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing.connection
 import multiprocessing.util
+from multiprocessing import reduction
 import os
 import re
 import signal
@@ -23,9 +28,11 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from lightning.fabric.strategies.launchers.multiprocessing import _check_missing_main_guard
+from lightning.fabric.strategies.launchers.multiprocessing import _check_missing_main_guard, _disable_module_memory_sharing
 from lightning.pytorch.strategies.launchers.multiprocessing import _GlobalStateSnapshot, _MultiProcessingLauncher
 from torch.multiprocessing import _prctl_pr_set_pdeathsig
+
+from .workers import start_worker_server
 
 COLLECTIVE_FAILED = 75  # a worker's exit status when one of its collectives failed or timed out
 
@@ -48,6 +55,21 @@ def exit_description(exitcode: int | None) -> str:
     return f"exited with status {exitcode}"
 
 
+def _inherited_fd(duplicate) -> int:
+    return duplicate.detach()
+
+
+class ParentFd:
+    """A file descriptor of the launching process, sent to the worker with its start request (the fork server's
+    own descriptors are those of whoever started it, e.g. an earlier test's captured output)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _inherited_fd, (reduction.DupFd(self.fd),)
+
+
 class WorkerFailed(RuntimeError):
     """Workers that died, raised or stopped responding, by rank; `signal` is the signal the parent had received
     before (a run being interrupted), if any."""
@@ -63,7 +85,7 @@ class SupervisedLauncher(_MultiProcessingLauncher):
     the LightningModule is handed back to the parent's module."""
 
     def __init__(self, strategy, stop_grace_s: float):
-        super().__init__(strategy, start_method="spawn")
+        super().__init__(strategy, start_method="forkserver")
         self.stop_grace_s = stop_grace_s
         self.received: int | None = None
         self._deadline: float | None = None
@@ -74,12 +96,14 @@ class SupervisedLauncher(_MultiProcessingLauncher):
         os.environ["MASTER_PORT"] = str(self._strategy.cluster_environment.main_port)
         self.received, self._deadline = None, None
         self.procs = []
+        start_worker_server()  # no-op where train() started it already
         with self._forwarding_signals():  # installed before the workers start, so that no signal is missed
-            return_queue = mp.get_context("spawn").SimpleQueue()
+            return_queue = mp.get_context("forkserver").SimpleQueue()
             context = mp.start_processes(
                 self._wrapping_function,
-                args=(trainer, function, args, kwargs, return_queue, _GlobalStateSnapshot.capture()),
-                nprocs=self._strategy.num_processes, start_method="spawn", join=False,
+                args=((ParentFd(1), ParentFd(2)), dict(os.environ), trainer, function, args, kwargs, return_queue,
+                      _GlobalStateSnapshot.capture()),
+                nprocs=self._strategy.num_processes, start_method="forkserver", join=False,
             )
             self.procs = context.processes
             if self.received is not None:  # a signal that came while the workers were being started
@@ -138,13 +162,21 @@ class SupervisedLauncher(_MultiProcessingLauncher):
                     if c == COLLECTIVE_FAILED}
         return {r: exit_description(c) for r, c in culprits.items()}
 
-    def _wrapping_function(self, process_idx: int, *args: Any) -> None:
-        """The worker: killed when the parent dies; a collective failure exits with COLLECTIVE_FAILED. After the
-        run it exits as a forked worker does (multiprocessing's exit function, then os._exit), which skips seconds
-        of interpreter teardown; its files are written and closed by then."""
+    def _wrapping_function(self, process_idx: int, output: tuple[int, int], environ: dict[str, str], trainer,
+                           function: Callable, args: Any, kwargs: Any, *rest: Any) -> None:
+        """The worker: the parent's standard output and error and environment; weights of its own (tensors arrive in
+        shared memory); killed when its server dies with the parent; a collective failure exits with
+        COLLECTIVE_FAILED. After the run it exits as a forked worker does (multiprocessing's exit function, then
+        os._exit), which skips seconds of interpreter teardown; its files are written and closed by then."""
         _prctl_pr_set_pdeathsig(signal.SIGKILL)
+        for target, fd in enumerate(output, start=1):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(environ)
+        args, kwargs = _disable_module_memory_sharing((args, kwargs))
         try:
-            super()._wrapping_function(process_idx, *args)
+            super()._wrapping_function(process_idx, trainer, function, args, kwargs, *rest)
         except KeyboardInterrupt:  # SIGINT before the run's own handlers are installed
             sys.exit(128 + signal.SIGINT)
         except Exception as err:

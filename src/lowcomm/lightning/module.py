@@ -17,19 +17,8 @@ from ..data import (SMOLLM_TOKENIZER, PackedSequences, ShardSampler, StreamingPa
 from ..model import Transformer, model_config_from
 from ..optim import build_optimizer
 from ..results import RunDirectory, environment, last_checkpoint
+from ..schedule import lr_lambda
 from .stopping import SignalFlag, Stop, agree_on_stop
-
-
-def lr_lambda(warmup: int, steps: int, min_ratio: float):
-    """lr(t)/lr_peak: linear warmup over `warmup` steps, then cosine from 1 to `min_ratio` at `steps`."""
-
-    def factor(t: int) -> float:
-        if t < warmup:
-            return (t + 1) / warmup
-        progress = min(1.0, (t - warmup) / max(1, steps - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def perplexity(loss: float) -> float:
@@ -46,12 +35,16 @@ def duration(seconds: float) -> str:
 
 class LanguageModelTask(L.LightningModule):
     """Next-token training of `Transformer`; validation loss / perplexity every `train.val_every` steps
-    (and before the first step), averaged over every worker's disjoint validation shard."""
+    (and before the first step), averaged over every worker's disjoint validation shard. `offline_tokens`: the
+    offline corpus's (train, validation) token streams, read once by the launching process and shared with its
+    workers."""
 
-    def __init__(self, cfg: DictConfig, run_dir: str | None = None):
+    def __init__(self, cfg: DictConfig, run_dir: str | None = None,
+                 offline_tokens: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         self.cfg = cfg
         self.run_dir = run_dir
+        self.offline_tokens = offline_tokens
         self.run: RunDirectory | None = None  # rank 0 only, created in setup()
         self.model = Transformer(model_config_from(cfg.model))
         self.val_history: list[tuple[int, float]] = []
@@ -65,7 +58,7 @@ class LanguageModelTask(L.LightningModule):
     def _streams(self):
         data = self.cfg.data
         if data.corpus == "offline":
-            train, val, _ = offline_streams(data.vocab_size)
+            train, val = self.offline_tokens or offline_streams(data.vocab_size)[:2]
             return PackedSequences(train, data.context), PackedSequences(val, data.context)
         tok = load_tokenizer(data.tokenizer or SMOLLM_TOKENIZER)
         rank, world = self.global_rank, self.trainer.world_size
@@ -73,6 +66,8 @@ class LanguageModelTask(L.LightningModule):
         return train, PackedSequences(token_stream(smollm_validation_texts(data), tok), data.context)
 
     def setup(self, stage: str) -> None:
+        torch.set_num_threads(self.cfg.train.threads)
+        self.train_loss = torch.compile(self.model.loss) if self.cfg.train.compile else self.model.loss
         self.train_set, self.val_set = self._streams()
         if self.global_rank == 0 and self.run_dir is not None:
             self.run = RunDirectory(self.run_dir)
@@ -100,7 +95,7 @@ class LanguageModelTask(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        loss = self.model.loss(x, y)
+        loss = self.train_loss(x, y)
         self.log("loss", loss, prog_bar=True, on_step=True, logger=False)
         return loss
 
@@ -194,6 +189,7 @@ class LanguageModelTask(L.LightningModule):
     def on_fit_end(self) -> None:
         """Every rank sets `outcome` (status complete / interrupted / diverged, the step reached) and compares
         weight digests; rank 0 writes the model weights of a complete run, then the record."""
+        self.signals.restore()
         identical = self.replicas_identical()
         stop = self.stop
         self.outcome = {"status": "complete", "steps": self.global_step}
@@ -221,6 +217,8 @@ class LanguageModelTask(L.LightningModule):
             "tokens": tokens,
             "tokens_per_s": tokens / (time.perf_counter() - self._train_start),
             "replicas_identical": identical,
+            **({"peak_gpu_memory_bytes": torch.cuda.max_memory_allocated(self.device)}
+               if self.device.type == "cuda" else {}),
             **self.step_metrics(),
             **self.trainer.strategy.bytes_per_step(),
             "clip/fraction": self.trainer.strategy.clip_total.fraction(),

@@ -23,10 +23,16 @@ class SignalFlag:
 
     def __init__(self):
         self.signum = 0
+        self.previous: dict = {}
 
     def install(self) -> None:
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, self._note)
+        self.previous = {s: signal.signal(s, self._note) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore(self) -> None:
+        """The handlers from before `install` (a run inside this process leaves Ctrl-C as it found it)."""
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous = {}
 
     def _note(self, signum, frame) -> None:
         self.signum = self.signum or signum

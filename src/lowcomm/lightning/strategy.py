@@ -55,8 +55,9 @@ class SyncStrategy(DDPStrategy):
         self.clip_total = ClipCounter()
 
     def _configure_launcher(self) -> None:
-        """Spawned workers run under the SupervisedLauncher (signals forwarded, a failed worker ends the run)."""
-        if self._start_method == "spawn":
+        """Workers this process starts run under the SupervisedLauncher (signals forwarded, a failed worker ends the
+        run)."""
+        if self._start_method == "forkserver":
             self._launcher = SupervisedLauncher(self, stop_grace_s=self.collective_timeout_s)
         else:
             super()._configure_launcher()
@@ -78,6 +79,13 @@ class SyncStrategy(DDPStrategy):
         self.engine = build_sync_engine(self.sync_cfg, module.model, optimizer, Communicator())
         self.engine.setup()
         self.first_step = 0
+
+    def teardown(self) -> None:
+        """Lightning's teardown, then the process group is destroyed: a run inside a longer-lived process (one
+        worker, a notebook, a test) leaves no store listening on MASTER_PORT."""
+        super().teardown()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
     def rank_path(self, filepath) -> Path:
         """Checkpoints are per rank (workers differ between syncs in their local state, e.g. error feedback)."""

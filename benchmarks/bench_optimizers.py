@@ -1,0 +1,74 @@
+"""Optimizer-step time of every optimizer in the registry on the hidden matrices of one layer of lordo-16m,
+lordo-125m and llama3-320m (every layer has the same shapes), as ratios to torch's foreach AdamW.
+
+Gradients are fixed; `optimizer.step()` alone is timed, the optimizers taking turns within each repeat (medians
+after warm-up steps), each at its default rank (low-rank Adam family r = d/8, Dion family r = d/4). One thread by
+default. Writes results/bench/optimizers.csv.
+
+    .venv/bin/python benchmarks/bench_optimizers.py [--repeats 7 --threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch import nn
+
+from common import machine, median, write_csv
+from lowcomm.model import Transformer, model_config
+from lowcomm.optim import build_optimizer
+
+SIZES = ("lordo-16m", "lordo-125m", "llama3-320m")
+OPTIMIZERS = ("adamw", "galore", "ldadam", "lordo_local_step", "dion", "orth_dion", "ada_orth_dion", "muon")
+
+
+class Matrices(nn.Module):
+    """The hidden matrices of one layer of `size`, as parameters with fixed random gradients."""
+
+    def __init__(self, size: str):
+        super().__init__()
+        with torch.device("meta"):
+            shapes = [(n, p.shape) for n, p in Transformer(model_config(size, n_layers=1)).hidden_matrices()]
+        generator = torch.Generator().manual_seed(0)
+        self.weights = nn.ParameterList(nn.Parameter(0.02 * torch.randn(*s, generator=generator)) for _, s in shapes)
+        self.names = [n for n, _ in shapes]
+        for p in self.weights:
+            p.grad = torch.randn(p.shape, generator=generator)
+
+    def hidden_matrices(self) -> list[tuple[str, nn.Parameter]]:
+        return list(zip(self.names, self.weights))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = []
+    for size in SIZES:
+        matrices = Matrices(size)
+        optimizers = {name: build_optimizer({"name": name, "lr": 1e-3}, matrices) for name in OPTIMIZERS}
+        # LoRDO's local step takes its basis from the sync engine (the first averaged gradient); here, the gradient
+        optimizers["lordo_local_step"].set_bases_from([p.grad for p in optimizers["lordo_local_step"].lowrank_params()])
+        times = {name: [] for name in OPTIMIZERS}
+        for repeat in range(args.warmup + args.repeats):
+            for name, optimizer in optimizers.items():
+                start = time.perf_counter()
+                optimizer.step()
+                if repeat >= args.warmup:
+                    times[name].append(time.perf_counter() - start)
+        adamw = median(times["adamw"])
+        for name in OPTIMIZERS:
+            step = median(times[name])
+            rows.append({"size": size, "matrices": len(matrices.names), "optimizer": name,
+                         "step_ms": round(step * 1e3, 3), "ratio_to_adamw": round(step / adamw, 3)})
+            print(f"{size:12s} {name:17s} {step * 1e3:9.2f} ms  {step / adamw:6.2f}x AdamW", flush=True)
+    print(f"wrote {write_csv('optimizers', [{**r, **machine(args.threads)} for r in rows]).name}")
+
+
+if __name__ == "__main__":
+    main()
