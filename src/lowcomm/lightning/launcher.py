@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import multiprocessing.connection
 import multiprocessing.util
-from multiprocessing import reduction
 import os
 import re
 import signal
 import sys
 import time
 from contextlib import contextmanager
+from multiprocessing import reduction
 from typing import Any, Callable
 
 import torch.distributed as dist
