@@ -2,8 +2,8 @@
 
 - Workers are forked from a server process that imported the training modules once (`start_worker_server`, called
   before the parent's own imports so that the two overlap), instead of each importing torch and Lightning anew; each
-  worker gets the parent's environment, global state and standard output and error at launch, as a spawned
-  worker would.
+  worker gets the parent's standard output and error, environment, working directory and global state at launch,
+  as a spawned worker would.
 - SIGINT / SIGTERM to the parent reach every worker, which stops at the next step boundary; a second signal, or
   no exit within `stop_grace_s`, kills the workers.
 - The first worker to die, raise or stop responding ends the run: the others are killed at once and WorkerFailed
@@ -70,6 +70,24 @@ class ParentFd:
         return _inherited_fd, (reduction.DupFd(self.fd),)
 
 
+class ParentState:
+    """What a spawned worker would inherit from the launching process and a worker forked from the fork server
+    (started earlier, maybe by someone else) would not: standard output and error, and the environment
+    (multiprocessing itself passes the working directory and sys.path)."""
+
+    def __init__(self):
+        self.output = (ParentFd(1), ParentFd(2))
+        self.environ = dict(os.environ)
+
+    def apply(self) -> None:
+        """In the worker: take them over."""
+        for target, fd in enumerate(self.output, start=1):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(self.environ)
+
+
 class WorkerFailed(RuntimeError):
     """Workers that died, raised or stopped responding, by rank; `signal` is the signal the parent had received
     before (a run being interrupted), if any."""
@@ -101,8 +119,7 @@ class SupervisedLauncher(_MultiProcessingLauncher):
             return_queue = mp.get_context("forkserver").SimpleQueue()
             context = mp.start_processes(
                 self._wrapping_function,
-                args=((ParentFd(1), ParentFd(2)), dict(os.environ), trainer, function, args, kwargs, return_queue,
-                      _GlobalStateSnapshot.capture()),
+                args=(ParentState(), trainer, function, args, kwargs, return_queue, _GlobalStateSnapshot.capture()),
                 nprocs=self._strategy.num_processes, start_method="forkserver", join=False,
             )
             self.procs = context.processes
@@ -162,18 +179,14 @@ class SupervisedLauncher(_MultiProcessingLauncher):
                     if c == COLLECTIVE_FAILED}
         return {r: exit_description(c) for r, c in culprits.items()}
 
-    def _wrapping_function(self, process_idx: int, output: tuple[int, int], environ: dict[str, str], trainer,
-                           function: Callable, args: Any, kwargs: Any, *rest: Any) -> None:
-        """The worker: the parent's standard output and error and environment; weights of its own (tensors arrive in
-        shared memory); killed when its server dies with the parent; a collective failure exits with
+    def _wrapping_function(self, process_idx: int, parent: ParentState, trainer, function: Callable, args: Any,
+                           kwargs: Any, *rest: Any) -> None:
+        """The worker: the parent's output and environment; weights of its own (tensors arrive
+        in shared memory); killed when its server dies with the parent; a collective failure exits with
         COLLECTIVE_FAILED. After the run it exits as a forked worker does (multiprocessing's exit function, then
         os._exit), which skips seconds of interpreter teardown; its files are written and closed by then."""
         _prctl_pr_set_pdeathsig(signal.SIGKILL)
-        for target, fd in enumerate(output, start=1):
-            os.dup2(fd, target)
-            os.close(fd)
-        os.environ.clear()
-        os.environ.update(environ)
+        parent.apply()
         args, kwargs = _disable_module_memory_sharing((args, kwargs))
         try:
             super()._wrapping_function(process_idx, trainer, function, args, kwargs, *rest)
