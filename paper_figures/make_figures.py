@@ -101,7 +101,9 @@ def draw_spectral(fig, preset_dir: Path) -> None:
         return
     ax1, ax2 = fig.subplots(1, 2)
     validation_panel(ax1, preset_dir)
-    sns.lineplot(probe, x="step", y=column, hue="label", marker="o", errorbar=BAND, ax=ax2)
+    labels = list(pd.read_csv(preset_dir / "table.csv")["label"])  # the colours of the loss panel, label by label
+    palette = dict(zip(labels, sns.color_palette(n_colors=len(labels))))
+    sns.lineplot(probe, x="step", y=column, hue="label", palette=palette, marker="o", errorbar=BAND, ax=ax2)
     ax2.set(ylabel="cosine(Delta, full-batch direction)", title="pseudo-gradient direction at each sync")
 
 
