@@ -78,7 +78,7 @@ def main() -> None:
                      "peak_gflops": round(peak / 1e9, 2), "share_of_peak": round(flops / seconds / peak, 4)})
         print(f"{'compiled' if compiled else 'eager':8s}: {seconds * 1e3:.1f} ms/step, {flops / seconds / 1e9:.1f} "
               f"GFLOP/s = {flops / seconds / peak:.1%} of the {peak / 1e9:.1f} GFLOP/s matmul peak", flush=True)
-    print(f"wrote {write_csv('flops', [{**r, **machine(args.threads)} for r in rows])}")
+    print(f"wrote {write_csv('flops', [{**r, **machine(args.threads)} for r in rows]).name}")
 
 
 if __name__ == "__main__":

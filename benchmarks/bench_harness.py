@@ -5,9 +5,10 @@
   steps and threads; whole-process wall time and training tokens/s.
 - start-up: `lowcomm.train` from the command to the end of its first training step (the first metrics row past
   step 0, watched from outside), with one and with four workers.
-Commands take turns, repetition by repetition; medians. Writes results/bench/harness.csv.
+Commands take turns, repetition by repetition; medians. Writes results/bench/harness.csv (overhead) and
+results/bench/startup.csv.
 
-    .venv/bin/python benchmarks/bench_harness.py [--steps 200 --repeats 3]
+    .venv/bin/python benchmarks/bench_harness.py [--steps 200 --repeats 3] [--only overhead|startup]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +44,8 @@ def first_step_row(metrics: Path) -> bool:
 
 def run(command: list[str], metrics: Path | None = None) -> dict:
     """Whole-process wall time; for a lowcomm run, also the time until its first step's metrics row appears."""
+    if metrics is not None:
+        shutil.rmtree(metrics.parent, ignore_errors=True)  # a previous repetition's metrics are not this run's
     start = time.perf_counter()
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = None
@@ -65,6 +69,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2, help="torch threads of the one-worker runs")
+    p.add_argument("--only", choices=("overhead", "startup"), help="one of the two benchmarks")
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,6 +85,9 @@ def main() -> None:
         }
         run_dirs = {"lowcomm_1_worker": "one", "lowcomm_4_workers": "four", "startup_1_worker": "start1",
                     "startup_4_workers": "start4"}
+        if args.only:
+            cases = {case: command for case, command in cases.items() if case.startswith("startup") == (
+                args.only == "startup")}
         for repeat in range(args.repeats):
             for case, command in cases.items():
                 run_dir = out / run_dirs[case] if case in run_dirs else None
@@ -92,11 +100,13 @@ def main() -> None:
                              else round(result["first_step_s"], 3)})
                 print(f"{case:20s} repeat {repeat}: {result['wall_s']:.2f} s, {tps:,.0f} tok/s", flush=True)
     info = machine(args.threads)
-    path = write_csv("harness", [{**row, **info} for row in rows])
+    for name in ("overhead", "startup"):
+        part = [{**row, **info} for row in rows if row["case"].startswith("startup") == (name == "startup")]
+        if part:
+            print(f"wrote {write_csv('harness' if name == 'overhead' else 'startup', part).relative_to(ROOT)}")
     for case in cases:
         walls = [r["wall_s"] for r in rows if r["case"] == case]
         print(f"{case:20s} median wall {median(walls):.2f} s")
-    print(f"wrote {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
