@@ -3,7 +3,8 @@ lordo-125m and llama3-320m (every layer has the same shapes), as ratios to torch
 
 Gradients are fixed; `optimizer.step()` alone is timed, the optimizers taking turns within each repeat (medians
 after warm-up steps), each at its default rank (low-rank Adam family r = d/8, Dion family r = d/4). One thread by
-default. Writes results/bench/optimizers.csv.
+default. Beside them, `lordo_projections`: the three rank-r products that LoRDO's local step cannot avoid (g = Q^T A,
+E -= Q g, W -= Q x; 6 p q r FLOPs per matrix), alone, as a floor for its ratio. Writes results/bench/optimizers.csv.
 
     .venv/bin/python benchmarks/bench_optimizers.py [--repeats 7 --threads 1]
 """
@@ -19,9 +20,12 @@ from torch import nn
 from common import machine, median, write_csv
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
+from lowcomm.optim.lowrank_adam import LowRankAdam
+from lowcomm.optim.projection import add_lifted, project, projection_side
 
 SIZES = ("lordo-16m", "lordo-125m", "llama3-320m")
 OPTIMIZERS = ("adamw", "galore", "ldadam", "lordo_local_step", "dion", "orth_dion", "ada_orth_dion", "muon")
+FLOOR = "lordo_projections"
 
 
 class Matrices(nn.Module):
@@ -41,6 +45,21 @@ class Matrices(nn.Module):
         return list(zip(self.names, self.weights))
 
 
+class ProjectionFloor:
+    """The rank-r products of one LoRDO local step with the bases of `lordo`: per matrix, g = project(G, Q), then
+    E -= lift(g) and W -= lift(g) in place on scratch copies, as the step does them (the elementwise work left out)."""
+
+    def __init__(self, lordo: LowRankAdam):
+        self.matrices = [(p.grad, lordo.state[p]["basis"], projection_side(p.shape), p.detach().clone(),
+                          p.detach().clone()) for p in lordo.lowrank_params()]
+
+    def step(self) -> None:
+        for G, Q, side, error, weight in self.matrices:
+            g = project(G, Q, side)
+            add_lifted(error, g, Q, side, -1.0)
+            add_lifted(weight, g, Q, side, -1e-3)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=7)
@@ -54,7 +73,8 @@ def main() -> None:
         optimizers = {name: build_optimizer({"name": name, "lr": 1e-3}, matrices) for name in OPTIMIZERS}
         # LoRDO's local step takes its basis from the sync engine (the first averaged gradient); here, the gradient
         optimizers["lordo_local_step"].set_bases_from([p.grad for p in optimizers["lordo_local_step"].lowrank_params()])
-        times = {name: [] for name in OPTIMIZERS}
+        optimizers[FLOOR] = ProjectionFloor(optimizers["lordo_local_step"])
+        times = {name: [] for name in optimizers}
         for repeat in range(args.warmup + args.repeats):
             for name, optimizer in optimizers.items():
                 start = time.perf_counter()
@@ -62,7 +82,7 @@ def main() -> None:
                 if repeat >= args.warmup:
                     times[name].append(time.perf_counter() - start)
         adamw = median(times["adamw"])
-        for name in OPTIMIZERS:
+        for name in optimizers:
             step = median(times[name])
             rows.append({"size": size, "matrices": len(matrices.names), "optimizer": name,
                          "step_ms": round(step * 1e3, 3), "ratio_to_adamw": round(step / adamw, 3)})

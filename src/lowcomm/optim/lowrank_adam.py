@@ -23,6 +23,7 @@ from .groups import hidden_matrices, param_groups
 from .projection import (
     BASIS_METHODS,
     ROTATIONS,
+    add_lifted,
     basis_rows,
     check_rank,
     lift_second_moment,
@@ -42,14 +43,6 @@ ProjectedGradientHook = Callable[[list[torch.Tensor]], None]
 
 def _nbytes(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else tensor.numel() * tensor.element_size()
-
-
-def _add_lifted(out: torch.Tensor, x: torch.Tensor, Q: torch.Tensor, side: str, alpha: float) -> None:
-    """out += alpha * lift(x, Q, side), in place."""
-    if side == "left":
-        out.addmm_(Q, x, alpha=alpha)
-    else:
-        out.addmm_(x, Q.T, alpha=alpha)
 
 
 class LowRankAdam(torch.optim.Optimizer):
@@ -285,7 +278,7 @@ class LowRankAdam(torch.optim.Optimizer):
         Q = state["basis"]
         g = project(accumulated, Q, side)
         if group["error_feedback"]:
-            _add_lifted(accumulated, g, Q, side, -1.0)
+            add_lifted(accumulated, g, Q, side, -1.0)
         return g
 
     def _lowrank_update(
@@ -300,14 +293,13 @@ class LowRankAdam(torch.optim.Optimizer):
         xs = torch._foreach_div([s["exp_avg"] for s in states], denominators)  # c1 uh / (sqrt(vh) + eps)
         low_scales = [omega / c1 for c1, _ in corrections]
         low_sq = [n.square() * s**2 for n, s in zip(torch._foreach_norm(xs), low_scales)]  # ||Q x|| = ||x||
-        if group["weight_decay"]:
-            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+        decay = 1 - lr * group["weight_decay"]
         full_sq = []
         for p, state, x, low_scale, (_, c2) in zip(params, states, xs, low_scales, corrections):
             Q, side = state["basis"], projection_side(p.shape)
+            add_lifted(p, x, Q, side, -lr * low_scale, beta=decay)  # W <- (1 - lr wd) W - lr omega low
             if omega < 1:
                 full_sq.append(self._apply_full_term(p, group, state["exp_avg_sq"], Q, side, c2))
-            _add_lifted(p, x, Q, side, -lr * low_scale)
         return full_sq, low_sq
 
     def _apply_full_term(
@@ -316,9 +308,8 @@ class LowRankAdam(torch.optim.Optimizer):
         """W -= lr (1 - omega) G / (mu (sqrt(lift(vh)) + eps)); returns ||(1 - omega) G / (...)||_F^2."""
         vh_lifted = self._qh_second_moment(group, v, Q, side).div_(c2)
         denominator = vh_lifted.sqrt_().add_(group["eps"]).mul_(group["mu"] / (1 - group["omega"]))
-        full = p.grad / denominator
-        p.add_(full, alpha=-group["lr"])
-        return torch.linalg.vector_norm(full).square()
+        p.addcdiv_(p.grad, denominator, value=-group["lr"])
+        return torch.linalg.vector_norm(p.grad / denominator).square()
 
     def _qh_second_moment(self, group: dict, v: torch.Tensor, Q: torch.Tensor, side: str) -> torch.Tensor:
         """lift(v) of the full-rank term (D3), before bias correction: 'rank_mean' averages v over the rank

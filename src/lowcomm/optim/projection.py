@@ -123,6 +123,17 @@ def lift(g: torch.Tensor, Q: torch.Tensor, side: Side) -> torch.Tensor:
     return Q @ g if side == "left" else g @ Q.T
 
 
+def add_lifted(
+    out: torch.Tensor, x: torch.Tensor, Q: torch.Tensor, side: Side, alpha: float, beta: float = 1.0
+) -> None:
+    """out <- beta out + alpha lift(x, Q, side), in place (one addmm)."""
+    _check_side(side)
+    if side == "left":
+        out.addmm_(Q, x, beta=beta, alpha=alpha)
+    else:
+        out.addmm_(x, Q.T, beta=beta, alpha=alpha)
+
+
 def lift_second_moment(v: torch.Tensor, Q: torch.Tensor, side: Side) -> torch.Tensor:
     """(Q o Q) v (left) or v (Q o Q)^T (right): the diagonal of the lifted covariance when the
     projected coordinates are uncorrelated (LDAdam)."""
