@@ -73,9 +73,12 @@ def optimizer_rows(df: pd.DataFrame) -> list[tuple]:
                  if "lordo_projections" in by.index else "")
         rows.append((f"LoRDO local step / foreach AdamW, {size} matrices{floor}", "<= 1.05x", f"{lordo:.2f}x",
                      verdict(lordo, 1.05), "bench_optimizers.py"))
-        rows.append((f"orth_dion / dion optimizer step, {size} matrices", "<= 1.10x", f"{orth:.2f}x",
+        cholesky = (f" (with qr_method=cholesky_qr: {by.loc['orth_dion_cholesky_qr', 'step_ms'] / by.loc['dion', 'step_ms']:.2f}x)"
+                    if "orth_dion_cholesky_qr" in by.index else "")
+        rows.append((f"orth_dion / dion optimizer step, {size} matrices{cholesky}", "<= 1.10x", f"{orth:.2f}x",
                      verdict(orth, 1.10), "bench_optimizers.py"))
-        others = ", ".join(f"{name} {ratio:.2f}x" for name, ratio in by["ratio_to_adamw"].items() if name not in ("adamw", "lordo_projections"))
+        others = ", ".join(f"{name} {ratio:.2f}x" for name, ratio in by["ratio_to_adamw"].items()
+                           if name not in ("adamw", "lordo_projections"))
         rows.append((f"every optimizer / AdamW, {size}: {others}", "-", "-", "-", "bench_optimizers.py"))
     return rows
 

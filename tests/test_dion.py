@@ -10,7 +10,7 @@ import torch
 from lowcomm.distributed.comm import Communicator
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import Dion, MuonAdamW, build_optimizer
-from lowcomm.optim.dion import next_rank, orthonormalize, rank_bounds
+from lowcomm.optim.dion import next_rank, orthonormalize, orthonormalize_all, rank_bounds
 
 
 # ------------------------------------------------------------------ the slow reference (spec equations, float64)
@@ -127,6 +127,15 @@ def test_orthonormalize_fixes_householder_signs():
         torch.testing.assert_close(q.T @ q, torch.eye(6), rtol=0, atol=1e-5)
         torch.testing.assert_close(q @ r, a, rtol=0, atol=1e-4)
         assert (r.diagonal() > 0).all()
+
+
+def test_batched_orthonormalize_equals_one_matrix_at_a_time():
+    generator = torch.Generator().manual_seed(5)
+    shapes = [(40, 8), (24, 8), (40, 8), (40, 8), (24, 8), (40, 4)]
+    matrices = [torch.randn(*shape, generator=generator) for shape in shapes]
+    methods = ["householder", "householder", "cholesky_qr", "householder", "householder", "householder"]
+    for a, method, q in zip(matrices, methods, orthonormalize_all(matrices, methods)):
+        torch.testing.assert_close(q, orthonormalize(a, method), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("case", ["ill_conditioned", "rank_deficient"])

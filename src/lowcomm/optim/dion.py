@@ -81,6 +81,29 @@ def orthonormalize(a: Tensor, method: str = "householder") -> Tensor:
     return q * _signs_of(r.diagonal())
 
 
+def orthonormalize_all(matrices: list[Tensor], methods: list[str]) -> list[Tensor]:
+    """[orthonormalize(a, method) for each pair], with the Householder QRs of same-shape matrices done as one
+    batched torch.linalg.qr (the same LAPACK factorization per matrix, one dispatch per shape)."""
+    out: list[Tensor | None] = [None] * len(matrices)
+    batches: dict[tuple, list[int]] = {}
+    for i, (a, method) in enumerate(zip(matrices, methods)):
+        if method == "householder":
+            batches.setdefault((tuple(a.shape), a.dtype, a.device), []).append(i)
+        else:
+            out[i] = orthonormalize(a, method)
+    for (_, dtype, device), indices in batches.items():
+        if len(indices) == 1:
+            out[indices[0]] = orthonormalize(matrices[indices[0]])
+            continue
+        stacked = torch.stack([matrices[i] for i in indices]).to(torch.promote_types(dtype, torch.float32))
+        with torch.autocast(device.type, enabled=False):
+            q, r = torch.linalg.qr(stacked)
+        q = q * _signs_of(r.diagonal(dim1=-2, dim2=-1)).unsqueeze(-2)
+        for i, qi in zip(indices, q.unbind()):
+            out[i] = qi
+    return out
+
+
 def column_normalize(w: Tensor, eps: float = COLUMN_NORM_EPS) -> Tensor:
     """Each column w_j <- w_j / (||w_j||_2 + eps)."""
     return w / (w.norm(dim=0, keepdim=True) + eps)
@@ -311,27 +334,35 @@ class Dion(torch.optim.Optimizer):
             mat.tall = (momentum.T if mat.transposed else momentum).to(mat.state["Q"].dtype)
             mat.P = mat.tall @ mat.state["Q"]
         self._average_factors([mat.P for mat in matrices if mat.compressed])
-        for mat in matrices:
+        methods = [mat.group["qr_method"] for mat in matrices]
+        for mat, P in zip(matrices, orthonormalize_all([mat.P for mat in matrices], methods)):
             mat.nonzero = torch.any(mat.P != 0)
-            mat.P = orthonormalize(mat.P, mat.group["qr_method"]) * mat.nonzero
+            mat.P = P * mat.nonzero
             mat.W = mat.tall.T @ mat.P
         self._average_factors([mat.W for mat in matrices if mat.compressed])
-        for mat in matrices:
-            self._finish_matrix(mat)
+        for mat, q in zip(matrices, self._right_factors(matrices)):
+            self._finish_matrix(mat, q)
 
     def _average_factors(self, factors: list[Tensor]) -> None:
         if self.distributed and factors:
             self.communicator.all_reduce(factors, kind="factor", op="mean")
 
-    def _finish_matrix(self, mat: _MatrixStep) -> None:
-        """Error feedback, the new right factor, the weight update and the rank controller of one matrix."""
+    @staticmethod
+    def _right_factors(matrices: list[_MatrixStep]) -> list[Tensor]:
+        """The new right factor of each matrix from its W: column_normalize(W) (Dion) or orthonormalize(W)
+        (Orth-Dion, same-shape W's in one batched QR)."""
+        qr = [i for i, mat in enumerate(matrices) if mat.group["normalization"] == "qr"]
+        out = [column_normalize(mat.W) if mat.group["normalization"] == "column" else None for mat in matrices]
+        orthonormal = orthonormalize_all([matrices[i].W for i in qr], [matrices[i].group["qr_method"] for i in qr])
+        for i, q in zip(qr, orthonormal):
+            out[i] = q
+        return out
+
+    def _finish_matrix(self, mat: _MatrixStep, q: Tensor) -> None:
+        """Error feedback, the new right factor q, the weight update and the rank controller of one matrix."""
         group, state, p = mat.group, mat.state, mat.param
         beta, mu = group["ef_beta"], group["mu"]
         _add_tall_product(state["momentum"], mat.P, mat.W, mat.transposed, alpha=-(beta - mu), beta=beta)
-        if group["normalization"] == "column":
-            q = column_normalize(mat.W)
-        else:
-            q = orthonormalize(mat.W, group["qr_method"])
         state["Q"] = torch.where(mat.nonzero, q, state["Q"])
         m, n = p.shape
         lr = group["lr"]
