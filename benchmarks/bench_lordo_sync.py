@@ -3,7 +3,8 @@
 A sync at t % K == 0 is: the pseudo-gradient all-reduce, the outer step, the new global basis from the averaged
 pseudo-gradient (exact SVD or the randomized range finder, `optim.basis_method`), the rotation of the low-rank
 moments into it, and the moment averaging. Its cost is the time of `engine.after_optimizer_step` at a sync step
-less that at a local step (medians over syncs); amortized, cost / K as a share of a training step (forward, backward
+less that at a local step (medians over syncs; the workers meet at a barrier before each, so a rank's wait for
+slower local steps elsewhere is not counted); amortized, cost / K as a share of a training step (forward, backward
 and local optimizer step of lordo-16m at the given batch and context). Writes results/bench/lordo_sync.csv.
 
     .venv/bin/python benchmarks/bench_lordo_sync.py [--workers 2 --batch 4 --context 256 --syncs 3]
@@ -63,6 +64,7 @@ def sync_cost_s(basis_method: str, k: int, syncs: int) -> tuple[float, float]:
             p.grad = torch.randn_like(p) * 1e-3
         engine.before_optimizer_step(step)
         optimizer.step()
+        dist.barrier()  # a rank that arrives first would otherwise time its wait for the others' local steps
         start = time.perf_counter()
         engine.after_optimizer_step(step)
         (at_sync if step % k == 0 else local).append(time.perf_counter() - start)
