@@ -77,8 +77,13 @@ def orthonormalize(a: Tensor, method: str = "householder") -> Tensor:
             q = _cholesky_qr2(a)
             if q is not None:
                 return q
-        q, r = torch.linalg.qr(a)
-    return q * _signs_of(r.diagonal())
+        return _householder_qr(a)
+
+
+def _householder_qr(a: Tensor) -> Tensor:
+    """Q of A = Q R (one matrix or a batch) by torch.linalg.qr, each column's sign flipped so that diag(R) >= 0."""
+    q, r = torch.linalg.qr(a)
+    return q * _signs_of(r.diagonal(dim1=-2, dim2=-1)).unsqueeze(-2)
 
 
 def orthonormalize_all(matrices: list[Tensor], methods: list[str]) -> list[Tensor]:
@@ -92,15 +97,10 @@ def orthonormalize_all(matrices: list[Tensor], methods: list[str]) -> list[Tenso
         else:
             out[i] = orthonormalize(a, method)
     for (_, dtype, device), indices in batches.items():
-        if len(indices) == 1:
-            out[indices[0]] = orthonormalize(matrices[indices[0]])
-            continue
         stacked = torch.stack([matrices[i] for i in indices]).to(torch.promote_types(dtype, torch.float32))
         with torch.autocast(device.type, enabled=False):
-            q, r = torch.linalg.qr(stacked)
-        q = q * _signs_of(r.diagonal(dim1=-2, dim2=-1)).unsqueeze(-2)
-        for i, qi in zip(indices, q.unbind()):
-            out[i] = qi
+            for i, q in zip(indices, _householder_qr(stacked).unbind()):
+                out[i] = q
     return out
 
 
