@@ -56,9 +56,15 @@ def records(preset_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def label_palette(preset_dir: Path) -> dict[str, tuple]:
+    """One colour per row label of table.csv, in table order, shared by every panel of a figure."""
+    labels = list(pd.read_csv(preset_dir / "table.csv")["label"])
+    return dict(zip(labels, sns.color_palette(n_colors=len(labels))))
+
+
 def validation_panel(ax, preset_dir: Path, title: str = "validation loss") -> pd.DataFrame:
     rows = metric_rows(preset_dir, ["val_loss"]).dropna(subset=["val_loss"])
-    sns.lineplot(rows, x="step", y="val_loss", hue="label", errorbar=BAND, ax=ax)
+    sns.lineplot(rows, x="step", y="val_loss", hue="label", palette=label_palette(preset_dir), errorbar=BAND, ax=ax)
     later = rows[rows["step"] > 0]["val_loss"]
     if len(later):
         ax.set_ylim(top=later.max() * 1.02)
@@ -101,9 +107,8 @@ def draw_spectral(fig, preset_dir: Path) -> None:
         return
     ax1, ax2 = fig.subplots(1, 2)
     validation_panel(ax1, preset_dir)
-    labels = list(pd.read_csv(preset_dir / "table.csv")["label"])  # the colours of the loss panel, label by label
-    palette = dict(zip(labels, sns.color_palette(n_colors=len(labels))))
-    sns.lineplot(probe, x="step", y=column, hue="label", palette=palette, marker="o", errorbar=BAND, ax=ax2)
+    sns.lineplot(probe, x="step", y=column, hue="label", palette=label_palette(preset_dir), marker="o",
+                 errorbar=BAND, ax=ax2)
     ax2.set(ylabel="cosine(Delta, full-batch direction)", title="pseudo-gradient direction at each sync")
 
 
@@ -113,14 +118,16 @@ def draw_stagnation(fig, preset_dir: Path) -> None:
     axes = fig.subplots(1, 3 if layers else 2)
     validation_panel(axes[0], preset_dir)
     if len(angles):
-        sns.lineplot(angles, x="step", y="subspace/max_angle", hue="label", errorbar=BAND, marker="o", ax=axes[1])
+        sns.lineplot(angles, x="step", y="subspace/max_angle", hue="label", palette=label_palette(preset_dir),
+                     errorbar=BAND, marker="o", ax=axes[1])
     axes[1].set(yscale="log", xlabel="sync step", ylabel="largest principal angle (rad)",
                 title="basis movement per sync, max over layers")
     if layers:
         per_layer = angles.melt(id_vars=["label", "seed", "step"], value_vars=layers, var_name="matrix",
                                 value_name="angle")
-        sns.lineplot(per_layer, x="step", y="angle", hue="label", units="matrix", estimator=None, alpha=0.5,
-                     lw=0.8, ax=axes[2], legend=False)
+        per_layer["line"] = per_layer["matrix"] + " seed " + per_layer["seed"].astype(str)
+        sns.lineplot(per_layer, x="step", y="angle", hue="label", palette=label_palette(preset_dir), units="line",
+                     estimator=None, alpha=0.5, lw=0.8, ax=axes[2], legend=False)
         axes[2].set(yscale="log", xlabel="sync step", ylabel="largest principal angle (rad)",
                     title="per layer (one line per matrix)")
 
