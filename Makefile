@@ -26,7 +26,7 @@ train: install
 	$(PY) -m lowcomm.train experiments/train/config.yaml
 
 # Benchmarks (results/bench/): harness overhead and start-up against plain PyTorch, compute efficiency, LoRDO's
-# sync, every optimizer's step; then results/bench/summary.md (figure, goal, measured). About 15 min on 2 cores.
+# sync, every optimizer's step; then results/bench/summary.md (figure, goal, measured). About 25 min on 2 cores.
 # benchmarks/gpu_smoke.sh is the one-GPU check (not part of `make bench`).
 bench: install
 	$(PY) benchmarks/bench_harness.py
