@@ -308,8 +308,9 @@ class LowRankAdam(torch.optim.Optimizer):
         """W -= lr (1 - omega) G / (mu (sqrt(lift(vh)) + eps)); returns ||(1 - omega) G / (...)||_F^2."""
         vh_lifted = self._qh_second_moment(group, v, Q, side).div_(c2)
         denominator = vh_lifted.sqrt_().add_(group["eps"]).mul_(group["mu"] / (1 - group["omega"]))
-        p.addcdiv_(p.grad, denominator, value=-group["lr"])
-        return torch.linalg.vector_norm(p.grad / denominator).square()
+        full = p.grad / denominator
+        p.add_(full, alpha=-group["lr"])
+        return torch.linalg.vector_norm(full).square()
 
     def _qh_second_moment(self, group: dict, v: torch.Tensor, Q: torch.Tensor, side: str) -> torch.Tensor:
         """lift(v) of the full-rank term (D3), before bias correction: 'rank_mean' averages v over the rank
