@@ -90,3 +90,33 @@ def test_spectral_verdicts_answer_the_questions_and_the_probe_needs_two_seeds(tm
     table = pd.read_csv(base / "probe" / "table.csv").assign(seeds=2)
     table.to_csv(base / "probe" / "table.csv", index=False)
     assert report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))[3].verdict == REPRODUCED
+
+
+def write_convergence(root: Path, orth_reached: int, verdicts: dict[tuple[str, str, str], str]) -> None:
+    out = root / "orthdion_convergence" / "cpu"
+    out.mkdir(parents=True)
+    steps = {"dion": 512.0, "orth_dion": 448.0 if orth_reached else float("nan"), "ada_orth_dion": 480.0}
+    pd.DataFrame([{"label": k, "seeds": 3, "final_val_loss": 3.7, "final_val_loss_std": 0.01,
+                   "steps_to_target": v, "steps_to_target_n": 3 if k != "orth_dion" else orth_reached,
+                   "time_to_target_s": 0.5 * v, "active_rank_share_over_training": 0.9 if k == "ada_orth_dion"
+                   else 1.0} for k, v in steps.items()]).to_csv(out / "table.csv", index=False)
+    pd.DataFrame([{"a": a, "b": b, "metric": m, "diff": -64.0, "diff_std": 4.0, "a_seeds": 3, "b_seeds": 3,
+                   "verdict": v} for (a, b, m), v in verdicts.items()]).to_csv(out / "comparisons.csv", index=False)
+
+
+def test_convergence_claims_compare_final_losses_when_orth_dion_never_reaches_the_target(tmp_path):
+    write_convergence(tmp_path, 0, {("orth_dion", "dion", "final_val_loss"): "tie",
+                                    ("ada_orth_dion", "orth_dion", "final_val_loss"): "tie"})
+    claims = report.convergence_claims(Stored(tmp_path, "orthdion_convergence"))
+    assert [c.verdict for c in claims] == [NOT_REPRODUCED, NOT_REPRODUCED, REPRODUCED]
+    assert "in 3 of 3 seeds" in claims[0].ours and "orth_dion - dion = -64" in claims[0].ours
+    assert "n/a" not in claims[0].ours + claims[1].ours
+
+
+def test_convergence_claims_follow_the_steps_and_time_comparisons(tmp_path):
+    write_convergence(tmp_path, 3, {("orth_dion", "dion", "steps_to_target"): "lower",
+                                    ("orth_dion", "dion", "time_to_target_s"): "tie",
+                                    ("ada_orth_dion", "orth_dion", "final_val_loss"): "higher"})
+    claims = report.convergence_claims(Stored(tmp_path, "orthdion_convergence"))
+    assert [c.verdict for c in claims] == [REPRODUCED, TIE_WITHIN_NOISE, NOT_REPRODUCED]
+    assert claims[0].ours.startswith("12.5 % fewer (448 vs 512 steps)")

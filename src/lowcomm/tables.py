@@ -281,7 +281,7 @@ def convergence_table(results: list[RunResult], params: dict) -> dict[str, pd.Da
     runs["time_to_target_s"] = runs["steps_to_target"] * runs["step_time_s"]
     table = summarize(runs, ("steps_to_target", "time_to_target_s", "step_time_s"))
     reached = runs.groupby("label", sort=False)["steps_to_target"].agg(lambda s: int(s.notna().sum()))
-    table["steps_to_target_n"] = reached.values
+    table["steps_to_target_n"] = table["time_to_target_s_n"] = reached.values
     table["target_label"] = target
     return {"table": table, "comparisons": compare_rows(table, params.get("compare", []))}
 
