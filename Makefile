@@ -6,7 +6,7 @@ export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 EXPERIMENTS := table3_main stagnation_ablation rank_sweep batch_size_sensitivity nu_measurement beta_sweep \
                orthdion_convergence communication spectral_local_steps
 
-.PHONY: install test train bench accounting table3 experiments $(EXPERIMENTS) figures report clean
+.PHONY: install test train bench accounting table3 experiments $(EXPERIMENTS) lr_sweep tune figures report clean
 
 install: $(STAMP)
 
@@ -59,6 +59,19 @@ communication: install accounting
 	$(call run_experiment,$@)
 
 experiments: $(EXPERIMENTS)
+
+# The learning-rate protocol (experiments/lr_sweep/README.md): stage 1 (the AdamW family), the choice, stage 2 (the
+# Muon and Dion family, their non-matrix lr from stage 1), the choice again. `make lr_sweep OUT=results` updates
+# experiments/tuned_lr.yaml, which every experiment's cpu preset reads; into runs/ the choice goes to
+# runs/lr_sweep/tuned_lr.yaml and stage 2 reads the stored file.
+lr_sweep: install
+	$(PY) -m lowcomm.experiment experiments/lr_sweep/config.yaml cpu --out $(OUT) $(if $(FORCE),--force)
+	$(MAKE) --no-print-directory tune
+	$(PY) -m lowcomm.experiment experiments/lr_sweep/config.yaml cpu_spectral --out $(OUT) $(if $(FORCE),--force)
+	$(MAKE) --no-print-directory tune
+
+tune: install
+	$(PY) -m lowcomm.tuning --results $(OUT) $(if $(filter results,$(OUT)),,--out $(OUT)/lr_sweep/tuned_lr.yaml)
 
 # Analytic bytes, collectives and optimizer state per worker per step at the paper sizes (no training).
 accounting: install

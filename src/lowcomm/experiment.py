@@ -12,14 +12,21 @@ An experiment config:
                          sweep: [...],                        # optional: this preset's sweep values
                          sweep_overrides: {<value>: [...]},   # optional: extra overrides at one sweep value
                          run_overrides: {<label>: [...]}}}    # optional: extra overrides of one run
-    runs: [{label: <row name>, overrides: [key=value, ...], seeds: <at most this many of the seeds>}, ...]
+                         run_sweep: {<label>: [...]},         # optional: one run's sweep values in this preset
+                         tuned: [lr, adamw_lr]}}              # optional: lrs from experiments/tuned_lr.yaml
+    runs: [{label: <row name>, overrides: [key=value, ...], seeds: <at most this many of the seeds>,
+            sweep: [...]}, ...]                                      # sweep: optional, this run's sweep values
     sweep: {key: <config key>, values: [...], tag: <label suffix>}   # optional: every run at every value
+    keep_diverged: true                                              # optional: a diverged run is a result
     table: {kind: <lowcomm.tables kind>, ...}                        # the kind's parameters
     downstream: [<lm-eval task>, ...]                                # optional: scored into each run's record
 Every preset starts from the overrides of experiments/presets.yaml for its name. Overrides apply in the order
-presets.yaml, preset, run, sweep value, run_overrides, command line, seed.
+presets.yaml, preset, tuned lrs, run, sweep value, run_overrides, command line, seed. With `tuned`, each run takes
+its method's tuned peak lr (`lr`) and, where its optimizer has one, the non-matrix lr (`adamw_lr`) from the file
+`python -m lowcomm.tuning` writes (lowcomm.tuning.tuned_overrides); the values go into the run's overrides and
+its stored config.
 
-A run is reused only when its record.json says `status: complete` and its stored config.yaml equals the run's
+A run is reused only when its record.json says `status: complete` (or `diverged`, with keep_diverged) and its stored config.yaml equals the run's
 resolved config; otherwise (or with --force) its directory is replaced by a new run. So an interrupted
 experiment resumes, and a changed config is rerun, never silently reused. With `downstream`, every run whose
 record has no scores for those tasks is evaluated (lowcomm.evaluate.evaluate_run_dir; hub tasks record "needs hub"
@@ -45,12 +52,13 @@ from .data import DataUnavailable
 from .results import read_record
 from .stats import within_reference
 from .tables import RunResult, build_tables, markdown
-from .train import train, validate
+from .train import RunEnded, train, validate
+from .tuning import tuned_overrides
 
 RESULTS = Path("results")
 SHARED_PRESETS = Path(__file__).resolve().parents[2] / "experiments" / "presets.yaml"
-SPEC_KEYS = {"name", "base", "presets", "runs", "sweep", "table", "downstream"}
-PRESET_KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides"}
+SPEC_KEYS = {"name", "base", "presets", "runs", "sweep", "table", "downstream", "keep_diverged"}
+PRESET_KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides", "run_sweep", "tuned"}
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,8 @@ def load_spec(path: str | Path) -> DictConfig:
         bad = sorted(set(p) - PRESET_KEYS)
         if bad:
             raise ConfigError(f"{path}: presets.{preset} has unknown key(s) {bad}; valid keys: {sorted(PRESET_KEYS)}")
-        missing = sorted((set(p.get("labels", [])) | set(p.get("run_overrides", {}))) - set(labels))
+        missing = sorted((set(p.get("labels", [])) | set(p.get("run_overrides", {})) | set(p.get("run_sweep", {})))
+                         - set(labels))
         if missing:
             raise ConfigError(f"{path}: presets.{preset} names labels {missing} that no run has; runs: {labels}")
     return spec
@@ -98,6 +107,24 @@ def sweep_label(label: str, tag: str, value: Any) -> str:
     return f"{label}_{tag}{value}"
 
 
+def sweep_values(spec: DictConfig, preset: DictConfig, run: DictConfig) -> list[Any]:
+    """The sweep values of one run: the preset's for that run, else the run's own, else the preset's, else the
+    experiment's ([None]: no sweep)."""
+    sweep = spec.get("sweep")
+    if not sweep:
+        return [None]
+    for values in (preset.get("run_sweep", {}).get(run.label), run.get("sweep"), preset.get("sweep")):
+        if values is not None:
+            return list(values)
+    return list(sweep["values"])
+
+
+def run_method(overrides: list[str]) -> str | None:
+    """The method preset a run's overrides name (the last `method=`), or None."""
+    named = [item.split("=", 1)[1] for item in overrides if item.startswith("method=")]
+    return named[-1] if named else None
+
+
 def experiment_grid(spec: DictConfig, preset: str, seeds: list[int] | None = None,
                     extra: list[str] = ()) -> list[GridRun]:
     """Every run of `preset`, in config order (runs, then sweep values, then seeds); `seeds` replaces the preset's."""
@@ -106,17 +133,18 @@ def experiment_grid(spec: DictConfig, preset: str, seeds: list[int] | None = Non
     p = spec.presets[preset]
     seeds = [int(s) for s in (p.seeds if seeds is None else seeds)]
     sweep = spec.get("sweep")
-    values = list(p.get("sweep", sweep["values"])) if sweep else [None]
     sweep_overrides = p.get("sweep_overrides", {})
     runs = []
     for run in spec.runs:
         if "labels" in p and run.label not in p.labels:
             continue
+        values = sweep_values(spec, p, run)
+        tuned = tuned_overrides(run_method(run.overrides), list(p.get("tuned", [])))
         for value in values:
             swept = [] if value is None else [f"{sweep.key}={value}", *sweep_overrides.get(str(value), [])]
             label = run.label if value is None else sweep_label(run.label, sweep.tag, value)
             for seed in seeds[: run.get("seeds", len(seeds))]:
-                overrides = (*shared_overrides(preset), *p.get("overrides", []), *run.overrides, *swept,
+                overrides = (*shared_overrides(preset), *p.get("overrides", []), *tuned, *run.overrides, *swept,
                              *p.get("run_overrides", {}).get(run.label, []), *extra,
                              f"train.seed={seed}", f"data.seed={seed}")
                 runs.append(GridRun(label, run.label, value, seed, overrides))
@@ -147,14 +175,14 @@ def stored_config_difference(run_dir: Path, cfg: DictConfig) -> str | None:
     return config_difference(with_defaults(OmegaConf.load(run_dir / "config.yaml")), OmegaConf.to_container(cfg))
 
 
-def stale_reason(run_dir: Path, cfg: DictConfig) -> str | None:
+def stale_reason(run_dir: Path, cfg: DictConfig, keep_diverged: bool = False) -> str | None:
     """Why the run stored in `run_dir` cannot stand for the run of `cfg` (None: it can be reused)."""
     if not (run_dir / "record.json").exists():
         return "not run yet"
     status = read_record(run_dir).get("status")
     if status is None:
         return "its record has no status (written before runs were marked complete)"
-    if status != "complete":
+    if status != "complete" and not (keep_diverged and status == "diverged"):
         return f"its record says status {status!r}"
     if not (run_dir / "config.yaml").exists():
         return "it has no config.yaml"
@@ -199,7 +227,8 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
     configs = [resolved_config(spec, run, out_dir / "runs") for run in grid]
     for cfg in configs:  # every run validated before the first one starts
         validate(cfg)
-    reasons = ["--force" if force else stale_reason(out_dir / "runs" / run.name, cfg)
+    keep_diverged = bool(spec.get("keep_diverged", False))
+    reasons = ["--force" if force else stale_reason(out_dir / "runs" / run.name, cfg, keep_diverged)
                for run, cfg in zip(grid, configs)]
     progress = Progress(f"{spec.name}/{preset}", len(grid), sum(r is not None for r in reasons))
     for index, (run, cfg, reason) in enumerate(zip(grid, configs, reasons), start=1):
@@ -210,8 +239,14 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
             if run_dir.exists():
                 shutil.rmtree(run_dir)  # a stale or partial run is replaced whole
             progress.start(index, run, reason)
-            train(cfg)
-            progress.finish(index, run, read_record(run_dir))
+            try:
+                train(cfg)
+            except RunEnded as err:
+                if not (keep_diverged and read_record(run_dir).get("status") == "diverged"):
+                    raise
+                progress.line(index, run, f"diverged, kept as a result ({err})")
+            else:
+                progress.finish(index, run, read_record(run_dir))
         evaluate_downstream(run_dir, list(spec.get("downstream", [])))
     results = [RunResult.load(run, out_dir / "runs" / run.name) for run in grid]
     params = OmegaConf.to_container(spec.table)
@@ -270,7 +305,8 @@ def provenance_problems(config_path: str | Path, preset: str, out: Path = RESULT
                 diff = stored_config_difference(run_dir, resolved_config(spec, grid[name], out_dir / "runs"))
                 if diff:
                     problems.append(f"{row['label']}: run {name} was made with another config ({diff}): rerun it")
-                if record.get("status", "complete") != "complete":
+                allowed = ("complete", "diverged") if spec.get("keep_diverged", False) else ("complete",)
+                if record.get("status", "complete") not in allowed:
                     problems.append(f"{row['label']}: run {name} is {record['status']!r}")
                 commit = record.get("git_commit", "unknown")
                 if commit not in str(row["commits"]).split() or not commit_exists(commit):
@@ -334,6 +370,9 @@ def main(argv: list[str] | None = None) -> None:
         out_dir = run_experiment(args.config, preset, Path(args.out), seeds, args.force, extra)
     except (ConfigError, DataUnavailable) as err:
         sys.exit(f"error: {err}")
+    except RunEnded as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(err.exit_code)
     print((out_dir / "table.md").read_text())
     if Path(args.out).resolve() != RESULTS.resolve():
         print_beside_reference(out_dir, RESULTS / out_dir.relative_to(args.out))

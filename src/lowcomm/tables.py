@@ -95,6 +95,9 @@ def run_features(run: RunResult) -> dict[str, Any]:
     """The record's numeric fields and the per-run features of the module docstring."""
     rec, m = run.record, run.metrics
     out = {k: v for k, v in rec.items() if _numeric(v)}
+    out["diverged"] = int(rec.get("status") == "diverged")
+    if out["diverged"]:  # its last finite validation loss is not where the run ended
+        out["final_val_loss"] = out["final_val_ppl"] = math.inf
     out.update(state_summary({k[len("memory/"):-len("_bytes")]: v for k, v in rec.items()
                               if k.startswith("memory/") and k.endswith("_bytes")}))
     rates = m["tokens_per_s"].dropna() if "tokens_per_s" in m else pd.Series(dtype=float)
