@@ -170,6 +170,19 @@ def draw_beta(fig, preset_dir: Path) -> None:
     ax.set(xlabel="error-feedback coefficient beta", ylabel="final validation loss (nats)")
 
 
+def draw_lr_sweep(fig, preset_dir: Path) -> None:
+    """Final validation loss against the peak lr, one line per method; a diverged run is an x on the top edge."""
+    ax = fig.subplots()
+    table = pd.read_csv(preset_dir / "table.csv")
+    finite = table[table["final_val_loss"] < float("inf")]
+    sns.lineplot(finite, x="sweep_value", y="final_val_loss", hue="method", marker="o", ax=ax)
+    diverged = table[table["final_val_loss"] == float("inf")]
+    top = finite["final_val_loss"].max()
+    ax.scatter(diverged["sweep_value"], [top] * len(diverged), marker="x", color="k", label="diverged")
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (nats)")
+    ax.legend(fontsize=7)
+
+
 def draw_convergence(fig, preset_dir: Path) -> None:
     ax = fig.subplots()
     rows = validation_panel(ax, preset_dir)
@@ -212,6 +225,7 @@ DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {
     "orthdion_convergence": (draw_convergence, (6, 4)),
     "communication": (draw_communication, (12, 4.5)),
     "spectral_local_steps": (draw_spectral, (11, 4)),
+    "lr_sweep": (draw_lr_sweep, (7, 4.5)),
 }
 
 

@@ -6,9 +6,16 @@ import pandas as pd
 import pytest
 
 from lowcomm import report
-from lowcomm.report import NOT_REPRODUCED, PENDING, REPRODUCED, TIE_WITHIN_NOISE, Stored
+from lowcomm.report import NOT_REPRODUCED, NOT_TESTABLE, PENDING, REPRODUCED, Stored
+from lowcomm.stats import EQUIVALENT, INCONCLUSIVE
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def comparison(a: str, b: str, verdict: str, metric: str = "final_val_loss", diff: float = 0.1) -> dict:
+    """A comparisons.csv row of the paired rule (3 seeds)."""
+    return {"a": a, "b": b, "metric": metric, "n": 3, "diff": diff, "ci_low": diff - 0.05, "ci_high": diff + 0.05,
+            "unpaired_seeds": "", "verdict": verdict}
 
 
 def test_readme_sections_are_generated_from_the_stored_results():
@@ -32,20 +39,21 @@ def write_table3(root: Path, verdicts: dict[tuple[str, str], str]) -> None:
             "lordo": (4.2, 105.0, 1 / 25.5, 1 / 6.8, 0.4), "lordo_local": (4.3, 110.0, 1 / 30, 1 / 8, 0.4),
             "lordo_global_noqh": (4.4, 120.0, 1 / 25.5, 1 / 6.8, 0.4)}
     pd.DataFrame([{"label": k, "final_val_loss": loss, "final_val_loss_std": 0.01, "final_val_ppl": ppl,
-                   "final_val_ppl_std": 1.0, "seeds": 3, "bytes_ratio_to_ddp": to_ddp,
+                   "final_val_ppl_std": 1.0, "seeds": 3, "steps": 256, "world_size": 4, "tokens": 256 * 4 * 1024,
+                   "parameters": 1.2e6, "bytes_ratio_to_ddp": to_ddp,
                    "bytes_ratio_to_lowrank_ddp": to_lr, "matrix_moments_ratio": 8.0, "state_ratio_to_adamw": state}
                   for k, (loss, ppl, to_ddp, to_lr, state) in rows.items()]).to_csv(out / "table.csv", index=False)
-    pd.DataFrame([{"a": a, "b": b, "metric": "final_val_loss", "diff": 0.1, "diff_std": 0.01, "a_seeds": 3,
-                   "b_seeds": 3, "verdict": v} for (a, b), v in verdicts.items()]).to_csv(out / "comparisons.csv",
-                                                                                         index=False)
+    pd.DataFrame([comparison(a, b, v) for (a, b), v in verdicts.items()]).to_csv(out / "comparisons.csv", index=False)
 
 
 def test_table3_verdicts_follow_the_stored_numbers(tmp_path):
     write_table3(tmp_path, {("lordo", "lordo_local"): "lower", ("lordo", "lowrank_ddp"): "higher",
-                            ("lordo_global_noqh", "lordo"): "tie"})
+                            ("lordo_global_noqh", "lordo"): "inconclusive"})
     claims = report.table3_claims(Stored(tmp_path, "table3_main"))
-    assert [c.verdict for c in claims] == [REPRODUCED, NOT_REPRODUCED, REPRODUCED, NOT_REPRODUCED, REPRODUCED,
-                                           TIE_WITHIN_NOISE]
+    assert [c.verdict for c in claims] == [REPRODUCED, NOT_REPRODUCED, REPRODUCED, NOT_TESTABLE, REPRODUCED,
+                                           INCONCLUSIVE]
+    assert "1024 tokens per worker-step and 1.2M parameters here" in claims[3].ours
+    assert "lordo - lordo_local = 0.1 [0.05, 0.15] nats (n = 3 paired seeds)" in claims[4].ours
     assert claims[0].ours.startswith("25.5x") and claims[1].ours.startswith("6.8x")
     assert "(5 %)" in claims[3].ours and "2.5x" in claims[2].ours  # whole model: 1 / 0.4
 
@@ -58,8 +66,18 @@ def test_about_n_x_is_within_thirty_percent(ours, claimed, verdict):
 
 def test_combined_verdict_is_the_weakest_part():
     assert report.combine([REPRODUCED, REPRODUCED]) == REPRODUCED
-    assert report.combine([REPRODUCED, TIE_WITHIN_NOISE]) == TIE_WITHIN_NOISE
-    assert report.combine([TIE_WITHIN_NOISE, NOT_REPRODUCED]) == NOT_REPRODUCED
+    assert report.combine([REPRODUCED, INCONCLUSIVE]) == INCONCLUSIVE
+    assert report.combine([EQUIVALENT, INCONCLUSIVE]) == INCONCLUSIVE
+    assert report.combine([INCONCLUSIVE, NOT_REPRODUCED]) == NOT_REPRODUCED
+
+
+@pytest.mark.parametrize("got, wanted, verdict", [("lower", "lower", REPRODUCED), ("higher", "lower", NOT_REPRODUCED),
+                                                  ("equivalent", "lower", EQUIVALENT),
+                                                  ("inconclusive", "higher", INCONCLUSIVE),
+                                                  ("equivalent", "equivalent", REPRODUCED),
+                                                  ("too few seeds", "lower", report.NO_VERDICT)])
+def test_claim_verdicts_from_the_paired_rule(got, wanted, verdict):
+    assert report.verdict_of(pd.Series(comparison("a", "b", got)), wanted) == verdict
 
 
 def test_a_readme_without_markers_is_an_error(tmp_path):
@@ -71,7 +89,7 @@ def test_a_readme_without_markers_is_an_error(tmp_path):
         f"a\n{report.README_MARKERS[0]}\nnew\n{report.README_MARKERS[1]}\nb\n"
 
 
-def test_spectral_verdicts_answer_the_questions_and_the_probe_needs_two_seeds(tmp_path):
+def test_spectral_verdicts_answer_the_questions_and_the_probe_needs_three_seeds(tmp_path):
     base = tmp_path / "spectral_local_steps"
     labels = ["ddp", "diloco", "lordo", "muloco", "orth_dion_local", "lordo_orth_dion"]
     for preset, seeds in (("cpu", 2), ("probe", 1)):
@@ -80,14 +98,13 @@ def test_spectral_verdicts_answer_the_questions_and_the_probe_needs_two_seeds(tm
                        "bytes_ratio_to_ddp": 1 / 32, "probe_cosine_mean_over_syncs": {"muloco": 0.6}.get(k, 0.4)}
                       for k in labels]).to_csv(base / preset / "table.csv", index=False)
     verdicts = {("muloco", "diloco"): "lower", ("orth_dion_local", "lordo"): "higher",
-                ("lordo_orth_dion", "orth_dion_local"): "tie"}
-    pd.DataFrame([{"a": a, "b": b, "metric": "final_val_loss", "diff": 0.1, "diff_std": 0.01, "a_seeds": 2,
-                   "b_seeds": 2, "verdict": v} for (a, b), v in verdicts.items()]).to_csv(
+                ("lordo_orth_dion", "orth_dion_local"): "equivalent"}
+    pd.DataFrame([comparison(a, b, v) for (a, b), v in verdicts.items()]).to_csv(
         base / "cpu" / "comparisons.csv", index=False)
     claims = report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))
-    assert [c.verdict for c in claims] == [REPRODUCED, "lordo lower", TIE_WITHIN_NOISE, report.NO_VERDICT]
+    assert [c.verdict for c in claims] == [REPRODUCED, "lordo lower", EQUIVALENT, report.NO_VERDICT]
     assert "muloco 32x, diloco 32x" in claims[0].ours and "muloco 0.6, diloco 0.4" in claims[3].ours
-    table = pd.read_csv(base / "probe" / "table.csv").assign(seeds=2)
+    table = pd.read_csv(base / "probe" / "table.csv").assign(seeds=3)
     table.to_csv(base / "probe" / "table.csv", index=False)
     assert report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))[3].verdict == REPRODUCED
 
@@ -100,13 +117,13 @@ def write_convergence(root: Path, orth_reached: int, verdicts: dict[tuple[str, s
                    "steps_to_target": v, "steps_to_target_n": 3 if k != "orth_dion" else orth_reached,
                    "time_to_target_s": 0.5 * v, "active_rank_share_over_training": 0.9 if k == "ada_orth_dion"
                    else 1.0} for k, v in steps.items()]).to_csv(out / "table.csv", index=False)
-    pd.DataFrame([{"a": a, "b": b, "metric": m, "diff": -64.0, "diff_std": 4.0, "a_seeds": 3, "b_seeds": 3,
-                   "verdict": v} for (a, b, m), v in verdicts.items()]).to_csv(out / "comparisons.csv", index=False)
+    pd.DataFrame([comparison(a, b, v, m, -64.0) for (a, b, m), v in verdicts.items()]).to_csv(
+        out / "comparisons.csv", index=False)
 
 
 def test_convergence_claims_compare_final_losses_when_orth_dion_never_reaches_the_target(tmp_path):
-    write_convergence(tmp_path, 0, {("orth_dion", "dion", "final_val_loss"): "tie",
-                                    ("ada_orth_dion", "orth_dion", "final_val_loss"): "tie"})
+    write_convergence(tmp_path, 0, {("orth_dion", "dion", "final_val_loss"): "inconclusive",
+                                    ("ada_orth_dion", "orth_dion", "final_val_loss"): "equivalent"})
     claims = report.convergence_claims(Stored(tmp_path, "orthdion_convergence"))
     assert [c.verdict for c in claims] == [NOT_REPRODUCED, NOT_REPRODUCED, REPRODUCED]
     assert "in 3 of 3 seeds" in claims[0].ours and "orth_dion - dion = -64" in claims[0].ours
@@ -115,8 +132,8 @@ def test_convergence_claims_compare_final_losses_when_orth_dion_never_reaches_th
 
 def test_convergence_claims_follow_the_steps_and_time_comparisons(tmp_path):
     write_convergence(tmp_path, 3, {("orth_dion", "dion", "steps_to_target"): "lower",
-                                    ("orth_dion", "dion", "time_to_target_s"): "tie",
+                                    ("orth_dion", "dion", "time_to_target_s"): "inconclusive",
                                     ("ada_orth_dion", "orth_dion", "final_val_loss"): "higher"})
     claims = report.convergence_claims(Stored(tmp_path, "orthdion_convergence"))
-    assert [c.verdict for c in claims] == [REPRODUCED, TIE_WITHIN_NOISE, NOT_REPRODUCED]
+    assert [c.verdict for c in claims] == [REPRODUCED, INCONCLUSIVE, NOT_REPRODUCED]
     assert claims[0].ours.startswith("12.5 % fewer (448 vs 512 steps)")

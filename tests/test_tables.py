@@ -53,7 +53,7 @@ def test_methods_table_ratios_state_downstream_and_modeled_time():
     assert t.loc["lordo", "steps_to_final"] == pytest.approx(4 * (8.0 - 4.6) / (8.0 - 4.5))
     t_step = 0.1 + 1e5 * 8 / 8e9 + 1e-3 * 8 / 8  # compute + bytes / bandwidth + latency x collectives per step
     assert t.loc["lordo", "time_to_final_s_8gbps"] == pytest.approx(t.loc["lordo", "steps_to_final"] * t_step)
-    assert tables["comparisons"]["verdict"].tolist() == ["no spread"]
+    assert tables["comparisons"]["verdict"].tolist() == ["too few seeds"]
 
 
 def test_downstream_scores_and_words_become_columns():
@@ -75,8 +75,8 @@ def test_convergence_steps_to_the_target_runs_best_loss_of_the_same_seed():
 
 
 def test_sweep_and_beta_comparisons_pair_rows_at_the_same_value():
-    sweep = [run(f"{m}_r{r}", s, [8.0, 5.0 + r / 100 + s / 1000 + (0.1 if m == "local" else 0)], method=m, sweep=r)
-             for m in ("global", "local") for r in (8, 16) for s in (0, 1)]
+    sweep = [run(f"{m}_r{r}", s, [8.0, 5.0 + r / 100 + s / 1000 + (0.1 + s / 100 if m == "local" else 0)], method=m,
+                 sweep=r) for m in ("global", "local") for r in (8, 16) for s in (0, 1, 2)]
     c = build_tables({"kind": "sweep", "compare": [["global", "local"]]}, sweep)["comparisons"]
     assert list(zip(c["sweep_value"], c["a"], c["b"], c["verdict"])) == [(8, "global_r8", "local_r8", "lower"),
                                                                         (16, "global_r16", "local_r16", "lower")]

@@ -1,5 +1,5 @@
 """`python -m lowcomm.experiment experiments/<name>/config.yaml [preset] [--out DIR] [--seeds 0,1] [--force]
-[key=value ...]`: run an experiment's grid (runs x sweep values x seeds) with `lowcomm.train` into
+[--tables-only] [key=value ...]`: run an experiment's grid (runs x sweep values x seeds) with `lowcomm.train` into
 <out>/<name>/<preset>/runs/<label>-s<seed>/, then aggregate the run records into <out>/<name>/<preset>/table.csv
 (one row per label; comparisons.csv where the table compares rows) and table.md. When <out> is not the stored
 results/, the table is printed beside the stored reference results/<name>/<preset>/ with a verdict per row.
@@ -36,6 +36,7 @@ when the hub cannot be reached).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, load_config, with_defaults
 from .data import DataUnavailable
+from .optim import optimizer_options
 from .results import read_record
 from .stats import within_reference
 from .tables import RunResult, build_tables, markdown
@@ -170,9 +172,19 @@ def config_difference(stored: dict, resolved: dict, prefix: str = "") -> str | N
     return None
 
 
+def with_optimizer_defaults(tree: dict) -> dict:
+    """A config tree whose optim section lists every option of its optimizer, a key it lacks at the optimizer's
+    default (the value the run had): a stored run and a config naming that same value are the same run."""
+    options = dataclasses.asdict(optimizer_options(tree["optim"]))
+    optim = {"name": tree["optim"]["name"], **{k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}}
+    return {**tree, "optim": optim}
+
+
 def stored_config_difference(run_dir: Path, cfg: DictConfig) -> str | None:
-    """config_difference between the run's stored config.yaml (on the schema's defaults) and `cfg`."""
-    return config_difference(with_defaults(OmegaConf.load(run_dir / "config.yaml")), OmegaConf.to_container(cfg))
+    """config_difference between the run's stored config.yaml and `cfg`, both on the schema's and the optimizer's
+    defaults."""
+    stored = with_defaults(OmegaConf.load(run_dir / "config.yaml"))
+    return config_difference(with_optimizer_defaults(stored), with_optimizer_defaults(OmegaConf.to_container(cfg)))
 
 
 def stale_reason(run_dir: Path, cfg: DictConfig, keep_diverged: bool = False) -> str | None:
@@ -219,8 +231,10 @@ class Progress:
 
 
 def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs"), seeds: list[int] | None = None,
-                   force: bool = False, extra: list[str] = ()) -> Path:
-    """Train every run of the grid that cannot be reused, then write the tables; returns <out>/<name>/<preset>."""
+                   force: bool = False, extra: list[str] = (), tables_only: bool = False) -> Path:
+    """Train every run of the grid that cannot be reused, then write the tables; returns <out>/<name>/<preset>.
+    With tables_only, nothing trains: the tables are rebuilt from the stored runs, or a ConfigError names a run
+    that is missing or stale."""
     spec = load_spec(path)
     out_dir = Path(out) / spec.name / preset
     grid = experiment_grid(spec, preset, seeds, list(extra))
@@ -230,7 +244,11 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
     keep_diverged = bool(spec.get("keep_diverged", False))
     reasons = ["--force" if force else stale_reason(out_dir / "runs" / run.name, cfg, keep_diverged)
                for run, cfg in zip(grid, configs)]
-    progress = Progress(f"{spec.name}/{preset}", len(grid), sum(r is not None for r in reasons))
+    stale = [(run.name, reason) for run, reason in zip(grid, reasons) if reason is not None]
+    if tables_only and stale:
+        raise ConfigError(f"--tables-only: {len(stale)} run(s) of {out_dir} cannot be reused, e.g. {stale[0][0]} "
+                          f"({stale[0][1]}): run without --tables-only to train them")
+    progress = Progress(f"{spec.name}/{preset}", len(grid), len(stale))
     for index, (run, cfg, reason) in enumerate(zip(grid, configs, reasons), start=1):
         run_dir = out_dir / "runs" / run.name
         if reason is None:
@@ -247,7 +265,8 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
                 progress.line(index, run, f"diverged, kept as a result ({err})")
             else:
                 progress.finish(index, run, read_record(run_dir))
-        evaluate_downstream(run_dir, list(spec.get("downstream", [])))
+        if not tables_only:
+            evaluate_downstream(run_dir, list(spec.get("downstream", [])))
     results = [RunResult.load(run, out_dir / "runs" / run.name) for run in grid]
     params = OmegaConf.to_container(spec.table)
     write_tables(build_tables(params, results), params["kind"], out_dir)
@@ -359,6 +378,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="runs", help="output directory (default runs/; results/ is the stored one)")
     parser.add_argument("--seeds", help="comma-separated seeds instead of the preset's")
     parser.add_argument("--force", action="store_true", help="rerun runs that could be reused")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="train nothing: rebuild the tables from the stored runs (an error if one is stale)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     presets = [a for a in args.rest if "=" not in a]
     extra = [a for a in args.rest if "=" in a]
@@ -367,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     preset = presets[0] if presets else "cpu"
     try:
         seeds = parse_seeds(args.seeds) if args.seeds else None
-        out_dir = run_experiment(args.config, preset, Path(args.out), seeds, args.force, extra)
+        out_dir = run_experiment(args.config, preset, Path(args.out), seeds, args.force, extra, args.tables_only)
     except (ConfigError, DataUnavailable) as err:
         sys.exit(f"error: {err}")
     except RunEnded as err:

@@ -1,10 +1,12 @@
 """`make report` (`python -m lowcomm.report`): regenerate the README's Results section and each experiment README's
 "What our run shows" section from the stored tables (results/<experiment>/cpu/ and results/communication/analytic.csv),
-between marker comments, claim by claim: reproduced / not reproduced / tie within noise, with our numbers.
+between marker comments, claim by claim: reproduced / not reproduced / equivalent / inconclusive / not testable at
+this scale, with our numbers.
 
 Nothing here is a result: every number printed comes from a stored table or record; the paper's numbers are quoted
 from the specs. An experiment whose table is not stored yet is reported as pending. Verdicts:
-  a comparison (lower loss, fewer steps)  lowcomm.stats: a difference beyond two standard deviations, else a tie
+  a comparison (lower loss, fewer steps)  lowcomm.stats: the paired per-seed difference and its 95 % t-interval;
+                                          'equivalent' inside the margin, 'inconclusive' otherwise when it holds 0
   "about N x"                             reproduced when our factor is within 30 % of N
   "stays at 1" (nu_t of Orth-Dion)        within 1e-3 of 1
   "does not move" (basis without QHM)     largest angle over the syncs below 1e-2 rad, and under a tenth of LoRDO's
@@ -21,7 +23,7 @@ from typing import Callable
 
 import pandas as pd
 
-from .stats import HIGHER, LOWER, NO_SPREAD, TIE, difference
+from .stats import EQUIVALENCE_MARGIN, EQUIVALENT, HIGHER, INCONCLUSIVE, LOWER, MIN_SEEDS, TOO_FEW
 
 PRESET = "cpu"
 ABOUT = 0.3
@@ -33,8 +35,8 @@ EXPERIMENTS = ("table3_main", "stagnation_ablation", "rank_sweep", "batch_size_s
                "beta_sweep", "orthdion_convergence", "communication", "spectral_local_steps")
 TARGETS = {"table3_main": "table3"}
 
-REPRODUCED, NOT_REPRODUCED, TIE_WITHIN_NOISE, PENDING, NO_VERDICT = (
-    "reproduced", "not reproduced", "tie within noise", "pending", "no verdict (one seed)")
+REPRODUCED, NOT_REPRODUCED, PENDING, NOT_TESTABLE = "reproduced", "not reproduced", "pending", "not testable at this scale"
+NO_VERDICT = f"no verdict (fewer than {MIN_SEEDS} paired seeds)"
 
 
 @dataclass(frozen=True)
@@ -83,25 +85,35 @@ def loss(row: pd.Series) -> str:
 
 
 def diff_text(c: pd.Series | None, unit: str = "nats") -> str:
-    """'a - b = d +- s nats (n_a and n_b seeds)' of a comparison row."""
+    """'a - b = d [low, high] nats (n = 3 paired seeds)' of a comparison row (the 95 % t-interval)."""
     if c is None:
         return "not stored"
-    return (f"{c['a']} - {c['b']} = {num(c['diff'])} +- {num(c['diff_std'], 2)} {unit} "
-            f"({c['a_seeds']} and {c['b_seeds']} seeds)")
+    unpaired = c.get("unpaired_seeds")
+    unpaired = f"; unpaired seeds {unpaired} left out" if isinstance(unpaired, str) and unpaired else (
+        f"; unpaired seed {int(unpaired)} left out" if isinstance(unpaired, (int, float)) and math.isfinite(unpaired)
+        else "")
+    interval = f" [{num(c['ci_low'], 3)}, {num(c['ci_high'], 3)}]" if math.isfinite(c["ci_low"]) else ""
+    seeds = "paired seed" if c["n"] == 1 else "paired seeds"
+    return f"{c['a']} - {c['b']} = {num(c['diff'])}{interval} {unit} (n = {int(c['n'])} {seeds}{unpaired})"
 
 
 def verdict_of(c: pd.Series | None, wanted: str = LOWER) -> str:
-    """Verdict of a claim 'a is `wanted` than b' from a comparison row (wanted = 'tie': a tie within noise is as
-    close as the claim asks)."""
+    """Verdict of a claim 'a is `wanted` than b' (lower, higher or equivalent) from a paired comparison row."""
     if c is None:
         return PENDING
-    return {wanted: REPRODUCED if wanted != TIE else TIE_WITHIN_NOISE, TIE: TIE_WITHIN_NOISE,
-            NO_SPREAD: NO_VERDICT}.get(c["verdict"], NOT_REPRODUCED)
+    got = c["verdict"]
+    if got == TOO_FEW:
+        return NO_VERDICT
+    if got == wanted:
+        return REPRODUCED
+    if got in (EQUIVALENT, INCONCLUSIVE):
+        return got
+    return NOT_REPRODUCED
 
 
 def combine(verdicts: list[str]) -> str:
     """All parts reproduced -> reproduced; any part not reproduced -> not reproduced; else the weakest part."""
-    for v in (PENDING, NOT_REPRODUCED, NO_VERDICT, TIE_WITHIN_NOISE):
+    for v in (PENDING, NOT_REPRODUCED, NO_VERDICT, INCONCLUSIVE, EQUIVALENT):
         if v in verdicts:
             return v
     return REPRODUCED if verdicts else PENDING
@@ -133,7 +145,9 @@ def table3_claims(s: Stored) -> list[Claim]:
     moments = lordo["matrix_moments_ratio"]
     gap = lordo["final_val_ppl"] / lrddp["final_val_ppl"] - 1
     c_lr = s.comparison("lordo", "lowrank_ddp")
-    gap_verdict = REPRODUCED if gap <= 0.01 else verdict_of(c_lr, TIE)
+    per_worker_step = lordo["tokens"] / lordo["steps"] / lordo["world_size"]
+    scale = (f"not at this scale: {num(per_worker_step)} tokens per worker-step and "
+             f"{num(lordo['parameters'] / 1e6, 2)}M parameters here, about 65k tokens and 720M in the paper")
     c_local, c_noqh = s.comparison("lordo", "lordo_local"), s.comparison("lordo_global_noqh", "lordo")
     return [
         Claim(texts[0], about(to_ddp, 25), f"{num(to_ddp, 3)}x at the cpu size (measured)"),
@@ -141,8 +155,8 @@ def table3_claims(s: Stored) -> list[Claim]:
         Claim(texts[2], about(moments, 8),
               f"{num(moments, 3)}x on the hidden matrices (AdamW's moments over LoRDO's low-rank moments); whole model "
               f"{num(1 / lordo['state_ratio_to_adamw'], 3)}x (the embedding keeps AdamW)"),
-        Claim(texts[3], gap_verdict, f"ppl {num(lordo['final_val_ppl'])} vs {num(lrddp['final_val_ppl'])} "
-                                     f"({num(100 * gap, 3)} %); {diff_text(c_lr)}"),
+        Claim(texts[3], NOT_TESTABLE, f"{scale}; ours: ppl {num(lordo['final_val_ppl'])} vs "
+                                      f"{num(lrddp['final_val_ppl'])} ({num(100 * gap, 3)} %); {diff_text(c_lr)}"),
         Claim(texts[4], verdict_of(c_local), diff_text(c_local)),
         Claim(texts[5], verdict_of(c_noqh, HIGHER), diff_text(c_noqh)),
     ]
@@ -202,11 +216,8 @@ def nu_claims(s: Stored) -> list[Claim]:
         return pending(texts, f"{target(s.name)} OUT=results")
     t = s.table.sort_values("rank")
     dion, orth = t[t["method"] == "dion"], t[t["method"] == "orth_dion"]
-    steps = [difference(b["nu_mean_over_training"], b["nu_mean_over_training_std"], b["seeds"],
-                        a["nu_mean_over_training"], a["nu_mean_over_training_std"], a["seeds"])
-             for (_, a), (_, b) in zip(dion.iterrows(), dion.iloc[1:].iterrows())]
-    rising = combine([{HIGHER: REPRODUCED, TIE: TIE_WITHIN_NOISE, NO_SPREAD: NO_VERDICT}.get(d.verdict, NOT_REPRODUCED)
-                      for d in steps])
+    rising = combine([verdict_of(s.comparison(b, a, "nu_mean_over_training"), HIGHER)
+                      for a, b in zip(dion["label"], dion["label"].iloc[1:])])
     worst = (orth["nu_max_over_training"] - 1).abs().max()
     return [
         Claim(texts[0], rising, "; ".join(
@@ -259,8 +270,8 @@ def convergence_claims(s: Stored) -> list[Claim]:
         return claims + pending(texts[2:], f"{target(s.name)} OUT=results")
     c = s.comparison("ada_orth_dion", "orth_dion")
     share = ada["active_rank_share_over_training"]
-    at_most = verdict_of(c)  # "equal or lower loss": a tie within noise counts as equal
-    verdict = NOT_REPRODUCED if share >= 1 - NU_ONE else REPRODUCED if at_most == TIE_WITHIN_NOISE else at_most
+    at_most = verdict_of(c)  # "equal or lower loss": equivalence counts as equal
+    verdict = NOT_REPRODUCED if share >= 1 - NU_ONE else REPRODUCED if at_most == EQUIVALENT else at_most
     claims.append(Claim(texts[2], verdict, f"mean active rank share {num(share, 3)} of the cap; {diff_text(c)}"))
     return claims
 
@@ -287,8 +298,8 @@ def outcome(c: pd.Series | None) -> str:
     """The answer of a comparison that no paper claims (a question beyond the papers): which row is lower."""
     if c is None:
         return PENDING
-    return {LOWER: f"{c['a']} lower", HIGHER: f"{c['b']} lower", TIE: TIE_WITHIN_NOISE,
-            NO_SPREAD: NO_VERDICT}[c["verdict"]]
+    return {LOWER: f"{c['a']} lower", HIGHER: f"{c['b']} lower", EQUIVALENT: EQUIVALENT, INCONCLUSIVE: INCONCLUSIVE,
+            TOO_FEW: NO_VERDICT}[c["verdict"]]
 
 
 def spectral_claims(s: Stored) -> list[Claim]:
@@ -315,7 +326,7 @@ def spectral_claims(s: Stored) -> list[Claim]:
         return claims + pending(texts[3:], f"{target(s.name)} PRESET=probe OUT=results")
     cosines = [r["probe_cosine_mean_over_syncs"] for r in rows]
     seeds = min(int(r["seeds"]) for r in rows)
-    verdict = NO_VERDICT if seeds < 2 else REPRODUCED if cosines[0] > cosines[1] else NOT_REPRODUCED
+    verdict = NO_VERDICT if seeds < MIN_SEEDS else REPRODUCED if cosines[0] > cosines[1] else NOT_REPRODUCED
     ours = ", ".join(f"{label} {num(v, 3)}" for label, v in zip(("muloco", "diloco"), cosines))
     return claims + [Claim(texts[3], verdict, f"mean cosine over the syncs (probe preset): {ours}")]
 
@@ -417,8 +428,13 @@ def readme_section(results: Path) -> str:
     """The body of the README's Results section."""
     parts = [f"Generated by `make report` from results/ (the {PRESET} preset: small models on the offline corpus, "
              "4 worker processes on a 2-core CPU; it tests the methods' mechanics and communication, not the papers' "
-             "scale). Verdicts: a difference counts when it exceeds two standard deviations of the difference "
-             "of the means over seeds, else it is a tie within noise; 'about N x' counts when within 30 % of N. "
+             "scale). Verdicts: seed s gives every method the same initialization and data order, so a comparison is "
+             "the mean of the per-seed differences a - b with its 95 % t-interval on n - 1 degrees of freedom: "
+             "'lower' / 'higher' when the interval excludes 0, 'equivalent' when it lies within "
+             f"+-{EQUIVALENCE_MARGIN} nats, else "
+             f"'inconclusive'; fewer than {MIN_SEEDS} paired seeds give no verdict. 'about N x' counts when within "
+             "30 % of N. A claim about a regime this machine cannot reach is 'not testable at this scale', with the "
+             "reason. "
              "Regenerate the stored results with `make <experiment> OUT=results`, then `make figures report`.",
              "### Claims"]
     claims = [(name, c) for name in EXPERIMENTS for c in CLAIMS[name](Stored(results, name))]

@@ -1,19 +1,26 @@
-"""Spread over seeds and the two-standard-deviation rule every table and report uses.
+"""Spread over seeds and the paired verdict rule every table and the claims report use.
 
-Standard deviations are sample standard deviations over seeds (ddof = 1). A difference of two means a - b has
-the standard deviation sqrt(s_a^2 / n_a + s_b^2 / n_b); it counts as a difference when |a - b| > 2 of those,
-otherwise as a tie within noise. With fewer than two seeds on either side there is no spread and no verdict.
+Seed s fixes the initialization and the data order, the same for every method, so two rows a and b are compared
+by their per-seed differences d_s = a_s - b_s over the seeds both have: the mean d and the 95 % t-interval
+d +- t_{0.975, n-1} s_d / sqrt(n) on n - 1 degrees of freedom. Verdict for a against b: 'lower' / 'higher' when the
+interval excludes 0, 'equivalent' when it lies inside +-EQUIVALENCE_MARGIN, else 'inconclusive'; with fewer than
+MIN_SEEDS pairs there is no verdict ('too few seeds'). Seeds only one side has are named ('unpaired').
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
-TIE_STDS = 2.0
+from scipy.stats import t as student_t
 
-LOWER, HIGHER, TIE, NO_SPREAD = "lower", "higher", "tie", "no spread"
+TIE_STDS = 2.0  # the newcomer's check of one run against a stored mean +- std (within_reference)
+CONFIDENCE = 0.95
+EQUIVALENCE_MARGIN = 0.01  # nats of validation loss (in the compared metric's unit for other metrics)
+MIN_SEEDS = 3
+
+LOWER, HIGHER, EQUIVALENT, INCONCLUSIVE, TOO_FEW = "lower", "higher", "equivalent", "inconclusive", "too few seeds"
 
 
 def sample_std(values: Iterable[float]) -> float:
@@ -26,24 +33,44 @@ def sample_std(values: Iterable[float]) -> float:
 
 
 @dataclass(frozen=True)
-class Difference:
-    """a - b, its standard deviation, and the verdict for a relative to b: 'lower', 'higher', 'tie' or
-    'no spread' (fewer than two seeds on a side, or a missing value)."""
+class Paired:
+    """a - b over the seeds both sides have: n pairs, the mean difference, its 95 % t-interval [low, high], the
+    seeds only one side has, and the verdict for a against b."""
 
+    n: int
     diff: float
-    std: float
+    low: float
+    high: float
+    unpaired: tuple[int, ...]
     verdict: str
 
 
-def difference(mean_a: float, std_a: float, n_a: int, mean_b: float, std_b: float, n_b: int) -> Difference:
-    """a - b with sqrt(s_a^2 / n_a + s_b^2 / n_b); a verdict only when both sides have two or more seeds."""
-    diff = mean_a - mean_b
-    if n_a < 2 or n_b < 2 or not all(math.isfinite(x) for x in (mean_a, mean_b, std_a, std_b)):
-        return Difference(diff, math.nan, NO_SPREAD)
-    std = math.sqrt(std_a ** 2 / n_a + std_b ** 2 / n_b)
-    if abs(diff) <= TIE_STDS * std:
-        return Difference(diff, std, TIE)
-    return Difference(diff, std, LOWER if diff < 0 else HIGHER)
+def _finite(values: Mapping[int, float]) -> dict[int, float]:
+    return {s: float(v) for s, v in values.items() if v is not None and math.isfinite(float(v))}
+
+
+def paired_difference(a: Mapping[int, float], b: Mapping[int, float],
+                      margin: float = EQUIVALENCE_MARGIN) -> Paired:
+    """The paired comparison of per-seed values {seed: value} of a and b (module docstring)."""
+    a, b = _finite(a), _finite(b)
+    seeds = sorted(set(a) & set(b))
+    unpaired = tuple(sorted(set(a) ^ set(b)))
+    d = [a[s] - b[s] for s in seeds]
+    n = len(d)
+    mean = sum(d) / n if n else math.nan
+    if n < MIN_SEEDS:
+        return Paired(n, mean, math.nan, math.nan, unpaired, TOO_FEW)
+    half = student_t.ppf(0.5 + CONFIDENCE / 2, n - 1) * sample_std(d) / math.sqrt(n)
+    low, high = mean - half, mean + half
+    if low > 0:
+        verdict = HIGHER
+    elif high < 0:
+        verdict = LOWER
+    elif -margin <= low and high <= margin:
+        verdict = EQUIVALENT
+    else:
+        verdict = INCONCLUSIVE
+    return Paired(n, mean, low, high, unpaired, verdict)
 
 
 def within_reference(value: float, ref_mean: float, ref_std: float) -> bool | None:

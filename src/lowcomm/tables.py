@@ -29,7 +29,7 @@ from .model import Transformer, model_config_from
 from .optim.lowrank_adam import resolve_rank
 from .optim.registry import optimizer_options
 from .results import read_record
-from .stats import difference, sample_std
+from .stats import paired_difference, sample_std
 from .wallclock import BANDWIDTHS_GBPS, LATENCY_S, step_time, steps_to_reach
 
 KEY_STDS = ("final_val_loss", "final_val_ppl")
@@ -140,22 +140,31 @@ def summarize(runs: pd.DataFrame, std_of: tuple[str, ...] = ()) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def compare_rows(table: pd.DataFrame, pairs: list[list[str]], metric: str = "final_val_loss") -> pd.DataFrame:
-    """For each pair [a, b] (or [a, b, metric]) of labels in `table`: a - b of the metric's mean over seeds with the
-    standard deviation of the difference and the verdict for a (stats.difference)."""
+COMPARISON_COLUMNS = ["a", "b", "metric", "a_mean", "b_mean", "n", "diff", "ci_low", "ci_high", "unpaired_seeds",
+                      "verdict"]
+
+
+def per_seed(runs: pd.DataFrame, label: str, column: str) -> dict[int, float]:
+    """{seed: value} of one label's runs."""
+    rows = runs[runs["label"] == label]
+    return dict(zip(rows["seed"].astype(int), rows[column])) if column in rows else {}
+
+
+def compare_rows(runs: pd.DataFrame, table: pd.DataFrame, pairs: list[list[str]],
+                 metric: str = "final_val_loss") -> pd.DataFrame:
+    """For each pair [a, b] (or [a, b, metric]) of labels in `table`: the means of each side and the paired
+    per-seed difference a - b over the runs `runs` (stats.paired_difference: n, mean, 95 % t-interval, verdict)."""
     rows = []
     by_label = table.set_index("label")
     for pair in pairs:
         a, b, col = (*pair, metric) if len(pair) == 2 else pair
         if a not in by_label.index or b not in by_label.index:
             continue
-        ra, rb = by_label.loc[a], by_label.loc[b]
-        n_a, n_b = int(ra.get(f"{col}_n", ra["seeds"])), int(rb.get(f"{col}_n", rb["seeds"]))
-        d = difference(ra[col], ra[f"{col}_std"], n_a, rb[col], rb[f"{col}_std"], n_b)
-        rows.append({"a": a, "b": b, "metric": col, "a_mean": ra[col], "b_mean": rb[col], "diff": d.diff,
-                     "diff_std": d.std, "a_seeds": n_a, "b_seeds": n_b, "verdict": d.verdict})
-    return pd.DataFrame(rows, columns=["a", "b", "metric", "a_mean", "b_mean", "diff", "diff_std", "a_seeds",
-                                       "b_seeds", "verdict"])
+        d = paired_difference(per_seed(runs, a, col), per_seed(runs, b, col))
+        rows.append({"a": a, "b": b, "metric": col, "a_mean": by_label.loc[a, col], "b_mean": by_label.loc[b, col],
+                     "n": d.n, "diff": d.diff, "ci_low": d.low, "ci_high": d.high,
+                     "unpaired_seeds": " ".join(map(str, d.unpaired)), "verdict": d.verdict})
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
 
 def mean_curves(results: list[RunResult]) -> dict[str, pd.Series]:
@@ -201,7 +210,8 @@ def methods_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFr
     bytes per worker per step and their ratio to each baseline, optimizer state and its ratio to AdamW's (the
     `state_baseline` row), AdamW's moments of the hidden matrices over the low-rank moments, and the modeled time
     to the final loss at `bandwidth_gbps`."""
-    table = summarize(per_run_frame(results))
+    runs = per_run_frame(results)
+    table = summarize(runs)
     by_label = table.set_index("label")
     for base in params.get("baselines", []):
         if base in by_label.index:
@@ -220,7 +230,7 @@ def methods_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFr
     table["steps_to_final"] = steps
     add_modeled_times(table, steps, [params.get("bandwidth_gbps", 10.0)], params.get("latency_s", LATENCY_S),
                       "time_to_final")
-    return {"table": table, "comparisons": compare_rows(table, params.get("compare", []))}
+    return {"table": table, "comparisons": compare_rows(runs, table, params.get("compare", []))}
 
 
 def optimizer_setting(cfg: DictConfig, key: str) -> float:
@@ -236,14 +246,15 @@ def stagnation_table(results: list[RunResult], params: dict) -> dict[str, pd.Dat
     runs["omega"] = [optimizer_setting(r.config, "omega") for r in results]
     runs["weight_decay"] = [optimizer_setting(r.config, "weight_decay") for r in results]
     table = summarize(runs, ("angle_max_over_syncs",))
-    return {"table": table, "comparisons": compare_rows(table, params.get("compare", []))}
+    return {"table": table, "comparisons": compare_rows(runs, table, params.get("compare", []))}
 
 
 def sweep_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
     """Loss per run label and sweep value; the `compare` pairs of run labels at every sweep value."""
-    table = summarize(per_run_frame(results))
+    runs = per_run_frame(results)
+    table = summarize(runs)
     pairs = pairs_at_values(params.get("compare", []), table)
-    comparisons = compare_rows(table, pairs)
+    comparisons = compare_rows(runs, table, pairs)
     comparisons.insert(0, "sweep_value", [table.set_index("label").loc[a, "sweep_value"] for a in comparisons["a"]])
     return {"table": table, "comparisons": comparisons}
 
@@ -261,16 +272,19 @@ def nu_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
     runs["rank"] = [dion_rank(r.config) for r in results]
     table = summarize(runs, ("nu_mean_over_training",))
     table["sqrt_rank"] = table["rank"] ** 0.5
-    return {"table": table}
+    rising = [[b, a, "nu_mean_over_training"] for _, rows in table.sort_values("rank").groupby("method", sort=False)
+              for a, b in zip(rows["label"], rows["label"].iloc[1:])]
+    return {"table": table, "comparisons": compare_rows(runs, table, rising)}
 
 
 def beta_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
     """Loss per method and ef_beta; each beta against the `reference` beta of the same method."""
-    table = summarize(per_run_frame(results))
+    runs = per_run_frame(results)
+    table = summarize(runs)
     ref = params["reference"]
     pairs = [[label, label_at(table, method, ref)] for label, method, value in
              zip(table["label"], table["method"], table["sweep_value"]) if float(value) != float(ref)]
-    return {"table": table, "comparisons": compare_rows(table, [p for p in pairs if p[1]])}
+    return {"table": table, "comparisons": compare_rows(runs, table, [p for p in pairs if p[1]])}
 
 
 def convergence_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
@@ -286,7 +300,7 @@ def convergence_table(results: list[RunResult], params: dict) -> dict[str, pd.Da
     reached = runs.groupby("label", sort=False)["steps_to_target"].agg(lambda s: int(s.notna().sum()))
     table["steps_to_target_n"] = table["time_to_target_s_n"] = reached.values
     table["target_label"] = target
-    return {"table": table, "comparisons": compare_rows(table, params.get("compare", []))}
+    return {"table": table, "comparisons": compare_rows(runs, table, params.get("compare", []))}
 
 
 def model_shapes_of(cfg: DictConfig):

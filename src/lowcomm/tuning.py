@@ -33,8 +33,9 @@ TUNED_KEYS = ("lr", "adamw_lr")
 NONMATRIX_LR_FROM = "ddp"  # adamw_lr of the Muon and Dion rows: this method's tuned lr
 
 
-def load_tuned(path: Path = TUNED_FILE) -> dict:
+def load_tuned(path: Path | None = None) -> dict:
     """The tuned file ({} before the first choice)."""
+    path = path or TUNED_FILE
     return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
 
 
@@ -44,7 +45,7 @@ def has_nonmatrix_lr(method: str) -> bool:
     return any(f.name == "adamw_lr" for f in dataclasses.fields(OPTIMIZERS[name].options))
 
 
-def tuned_overrides(method: str | None, keys: list[str], path: Path = TUNED_FILE) -> list[str]:
+def tuned_overrides(method: str | None, keys: list[str], path: Path | None = None) -> list[str]:
     """`optim.lr=<tuned lr of method>` and `optim.adamw_lr=<tuned non-matrix lr>` (where the method's optimizer
     has that option), for the requested `keys`; a ConfigError names what is missing and how to make it."""
     unknown = sorted(set(keys) - set(TUNED_KEYS))
@@ -54,6 +55,7 @@ def tuned_overrides(method: str | None, keys: list[str], path: Path = TUNED_FILE
         return []
     if method is None:
         raise ConfigError("a preset with `tuned` needs every run to name its method (method=<preset>)")
+    path = path or TUNED_FILE
     tuned = load_tuned(path)
     fix = ("run the sweep and `python -m lowcomm.tuning` (make lr_sweep), or name optim.lr in the experiment config")
     out = []

@@ -1,0 +1,96 @@
+"""The learning-rate protocol: every experiment row's lr is named in its config or taken from the tuned file, the
+choice follows the lowest loss and refuses an edge, and a diverged run is a result of the sweep."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from lowcomm import tuning
+from lowcomm.config import ConfigError
+from lowcomm.experiment import experiment_grid, load_spec, resolved_config, run_method
+from lowcomm.tuning import choose, tuned_file, tuned_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p for p in (ROOT / "experiments").glob("*/config.yaml") if "runs" in yaml.safe_load(p.read_text()))
+METHODS = sorted(p.stem for p in (ROOT / "experiments" / "methods").glob("*.yaml"))
+
+
+@pytest.fixture
+def tuned(tmp_path, monkeypatch):
+    """A tuned file holding a distinct lr for every method (so a row's lr tells where it came from)."""
+    path = tmp_path / "tuned_lr.yaml"
+    path.write_text(yaml.safe_dump({"lr": {m: 1e-4 * (i + 1) for i, m in enumerate(METHODS)}, "adamw_lr": 7.7e-4}))
+    monkeypatch.setattr(tuning, "TUNED_FILE", path)
+    return path
+
+
+def named(overrides: tuple[str, ...], key: str) -> float | None:
+    values = [item.split("=", 1)[1] for item in overrides if item.startswith(f"{key}=")]
+    return float(values[-1]) if values else None
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.parent.name)
+def test_every_row_runs_at_an_lr_named_in_its_config_or_the_tuned_file(config, tuned, tmp_path):
+    spec = load_spec(config)
+    for preset in spec.presets:
+        for run in experiment_grid(spec, preset):
+            cfg = resolved_config(spec, run, tmp_path)
+            lr = named(run.overrides, "optim.lr")
+            where = f"{spec.name} {preset} {run.name}"
+            assert lr is not None, f"{where}: no optim.lr in its overrides (it would run at a default)"
+            assert cfg.optim.lr == pytest.approx(lr), where
+            if "adamw_lr" in cfg.optim and cfg.optim.adamw_lr is not None:
+                assert cfg.optim.adamw_lr == pytest.approx(named(run.overrides, "optim.adamw_lr")), where
+
+
+def test_tuned_overrides_name_the_missing_entry_and_skip_adamw_lr_where_there_is_none(tmp_path):
+    path = tmp_path / "tuned_lr.yaml"
+    path.write_text(yaml.safe_dump({"lr": {"ddp": 0.006, "muon": 0.04}, "adamw_lr": 0.006}))
+    assert tuned_overrides("ddp", ["lr", "adamw_lr"], path) == ["optim.lr=0.006"]
+    assert tuned_overrides("muon", ["lr", "adamw_lr"], path) == ["optim.lr=0.04", "optim.adamw_lr=0.006"]
+    assert tuned_overrides("dion", ["adamw_lr"], path) == ["optim.adamw_lr=0.006"]
+    with pytest.raises(ConfigError, match="no tuned lr for method lordo: run the sweep"):
+        tuned_overrides("lordo", ["lr"], path)
+    with pytest.raises(ConfigError, match="not tuned values"):
+        tuned_overrides("ddp", ["omega"], path)
+    assert run_method(("optim.lr=1", "method=ddp", "method=lordo")) == "lordo"
+
+
+def points(lrs: list[float], losses: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"lr": lrs, "final_val_loss": losses, "steps": 256, "run": [f"r{v}" for v in lrs],
+                         "commit": "c"})
+
+
+def test_the_lowest_loss_wins_and_an_edge_names_the_point_to_add():
+    inside = choose(points([1e-3, 2e-3, 4e-3], [4.5, 4.2, math.inf]))  # the diverged point counts as +inf
+    assert (inside["lr"], inside["edge"]) == (2e-3, "")
+    high = choose(points([1e-3, 2e-3, 4e-3], [4.5, 4.3, 4.1]))
+    assert (high["lr"], high["edge"], high["add"]) == (4e-3, "high", 8e-3)
+    low = choose(points([4e-3, 1e-3, 2e-3], [4.6, 4.1, 4.3]))  # any order in, the grid's order out
+    assert (low["lr"], low["edge"], low["add"], low["grid"]) == (1e-3, "low", 5e-4, "0.001 0.002 0.004")
+
+
+def test_the_tuned_file_takes_each_methods_latest_stage_and_leaves_out_edges():
+    chosen = pd.DataFrame([{"method": "ddp", "stage": "cpu", "lr": 3e-3, "edge": ""},
+                           {"method": "lordo", "stage": "cpu", "lr": 6e-3, "edge": ""},
+                           {"method": "lordo", "stage": "claim", "lr": 3e-3, "edge": ""},
+                           {"method": "muon", "stage": "cpu_spectral", "lr": 8e-2, "edge": "high"}])
+    assert tuned_file(chosen) == {"lr": {"ddp": 3e-3, "lordo": 3e-3}, "adamw_lr": 3e-3}
+
+
+def test_lr_sweep_smoke_keeps_a_diverged_run_as_a_result(tmp_path):
+    from lowcomm.experiment import run_experiment
+
+    out = run_experiment(ROOT / "experiments" / "lr_sweep" / "config.yaml", "smoke", tmp_path,
+                         extra=["optim.lr=1e6", "train.clip=0"])  # every point diverges
+    table = pd.read_csv(out / "table.csv")
+    assert (table["diverged"] == 1).all() and (table["final_val_loss"] == math.inf).all()
+    again = run_experiment(ROOT / "experiments" / "lr_sweep" / "config.yaml", "smoke", tmp_path,
+                           extra=["optim.lr=1e6", "train.clip=0"], tables_only=True)  # reused, not rerun
+    assert OmegaConf.load(again / "runs" / "ddp_lr0.003-s0" / "config.yaml").optim.lr == 1e6
