@@ -73,6 +73,24 @@ def test_step_matches_float64_reference(shape, normalization, ef_beta):
         torch.testing.assert_close(state["Q"].double(), ref_q, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("beta", [0.1, 0.5])
+@pytest.mark.parametrize("form", ["summary", "code"])
+def test_the_two_published_error_feedback_forms(beta, form):
+    """(mu = 0, ef_beta = beta) leaves M = beta (B - P W^T), the public summary's R = beta (M - P P^T M); (ef_beta = 1,
+    mu = 1 - beta) leaves M = B - beta P W^T, the earlier code's R = M - beta P P^T M (B = M + G, P = orth(B Q),
+    W = B^T P)."""
+    options = dict(mu=0.0, ef_beta=beta) if form == "summary" else dict(mu=1 - beta, ef_beta=1.0)
+    x, opt = matrix_and_optimizer((12, 7), rank_fraction=0.5, normalization="qr", lr=0.02, **options)
+    state = opt.state[x]
+    x.grad, q = random_gradients((12, 7), steps=1)[0], state["Q"].double()
+    b = x.grad.double()  # M starts at zero
+    p = gram_schmidt(b @ q)
+    w = b.T @ p
+    opt.step()
+    expected = beta * (b - p @ w.T) if form == "summary" else b - beta * p @ w.T
+    torch.testing.assert_close(state["momentum"].double(), expected, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape", [(12, 7), (7, 12), (9, 9)], ids=["tall", "wide", "square"])
 def test_set_bases_from_installs_the_top_right_singular_vectors_and_keeps_the_buffer(shape):
     """Q <- the top-r right singular vectors of tall(A) (float64 SVD; V of A when m >= n, U when m < n), signs fixed;
