@@ -116,7 +116,7 @@ def test_smollm_run_reports_validation_loss(tmp_path, split):
     files = local_smollm_files(tmp_path, split[0][:200], per_source=50)
     overrides = [*SMOKE, "data.corpus=smollm", f"data.tokenizer={tokenizer}", "data.val_documents=40",
                  "data.data_files={" + ", ".join(f"{k}: {v}" for k, v in files.items()) + "}",
-                 "train.steps=4", "train.val_every=2", "train.log_every=2", f"run.out_dir={tmp_path}",
+                 "train.steps=4", "train.warmup=2", "train.val_every=2", "train.log_every=2", f"run.out_dir={tmp_path}",
                  "run.name=smollm"]
     record = json.loads((train(load_config(None, overrides)) / "record.json").read_text())
     assert math.isfinite(record["final_val_loss"]) and record["final_val_loss"] < record["initial_val_loss"]

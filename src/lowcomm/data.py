@@ -14,14 +14,18 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
 EOS = "<|endoftext|>"
 VAL_EVERY = 20  # passage i is a validation passage when i % VAL_EVERY == VAL_EVERY - 1 (5 %)
+# the byte-level BPE of the offline corpus runs out of merges at this size (offline_tokenizer checks it)
+OFFLINE_VOCAB_LIMIT = 55_393
 PASSAGE_CHARS = 2000  # Shakespeare is cut into passages of about this many characters at blank lines
 
 # SmolLM corpus mix (HuggingFaceTB/smollm-corpus and HuggingFaceTB/finemath). python-edu is listed for
@@ -40,7 +44,7 @@ class DataConfig:
     corpus: str = "offline"  # "offline" | "smollm"
     context: int = 128
     batch_size: int = 16  # sequences per worker per step
-    vocab_size: int = 4096  # offline BPE vocabulary
+    vocab_size: int = 4096  # offline BPE vocabulary (at most OFFLINE_VOCAB_LIMIT)
     val_batches: int = 8  # validation batches per worker
     seed: int = 0
     # smollm: source name -> local data files (json/parquet) instead of the hub; empty = stream from the hub
@@ -125,15 +129,32 @@ def train_bpe(texts: list[str], vocab_size: int):
     return tok
 
 
+def cached(path: Path, load: Callable[[Path], Any]) -> Any:
+    """`load(path)` of a cache file, or None when there is none; an unreadable (truncated, corrupt) file is named,
+    deleted and rebuilt by the caller."""
+    if not path.exists():
+        return None
+    try:
+        return load(path)
+    except Exception as err:  # tokenizers and torch.load raise their own types for a damaged file
+        print(f"cache file {path} is unreadable ({type(err).__name__}); deleted, rebuilding it", file=sys.stderr)
+        path.unlink(missing_ok=True)
+        return None
+
+
 def offline_tokenizer(vocab_size: int, train_texts: list[str] | None = None):
     """The offline BPE tokenizer, trained once on the training passages and cached by content hash."""
     from tokenizers import Tokenizer
 
     train_texts = train_texts if train_texts is not None else offline_split()[0]
     path = cache_dir() / f"bpe-{vocab_size}-{_digest(len(train_texts), train_texts[0], train_texts[-1])}.json"
-    if path.exists():
-        return Tokenizer.from_file(str(path))
+    tok = cached(path, lambda p: Tokenizer.from_file(str(p)))
+    if tok is not None:
+        return tok
     tok = train_bpe(train_texts, vocab_size)
+    if tok.get_vocab_size() < vocab_size:
+        raise DataUnavailable(f"data.vocab_size={vocab_size}: the offline corpus yields at most "
+                              f"{tok.get_vocab_size()} tokens: set data.vocab_size <= {tok.get_vocab_size()}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tok.save(str(tmp))
@@ -156,9 +177,8 @@ def offline_streams(vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, object
     train, val = offline_split()
     tok = offline_tokenizer(vocab_size, train)
     path = cache_dir() / f"tokens-{vocab_size}-{_digest(len(train), len(val), train[0], val[-1])}.pt"
-    if path.exists():
-        streams = torch.load(path)
-    else:
+    streams = cached(path, torch.load)
+    if streams is None:
         streams = {"train": token_stream(train, tok), "val": token_stream(val, tok)}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from .data import EOS, SMOLLM_TOKENIZER, DataUnavailable, load_tokenizer, offline_tokenizer
 from .eval_tasks import NEEDS_HUB, OFFLINE_TASK, PAPER_TASKS, TaskUnavailable, load_tasks
 from .model import ModelConfig, Transformer
+from .quiet import no_progress_bars, quiet_libraries
 
 
 class EvaluationError(ValueError):
@@ -214,8 +215,10 @@ def run_lm_eval(lm: LowcommLM, manager, loaded: dict[str, list], limit: float | 
     """lm-eval's results dict for the loaded tasks (lm_eval.simple_evaluate, 0-shot unless a task says otherwise)."""
     import lm_eval
 
+    quiet_libraries()
     tasks = [obj for objs in loaded.values() for obj in objs]
-    return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False)
+    with no_progress_bars():
+        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False)
 
 
 def top_level_names(loaded: dict[str, list]) -> list[str]:

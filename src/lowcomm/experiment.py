@@ -53,7 +53,7 @@ from .data import DataUnavailable
 from .optim import optimizer_options
 from .results import read_record
 from .stats import within_reference
-from .tables import RunResult, build_tables, markdown
+from .tables import RunResult, build_tables, compact_columns, markdown
 from .train import RunEnded, train, validate
 from .tuning import tuned_overrides
 
@@ -89,6 +89,10 @@ def load_spec(path: str | Path) -> DictConfig:
         raise ConfigError(f"{path}: unknown key(s) {unknown} or missing name/base/runs; "
                           f"valid keys: {sorted(SPEC_KEYS)}")
     labels = [run.label for run in spec.runs]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ConfigError(f"{path}: runs {repeated} appear more than once (each label is one run directory per seed): "
+                          "give every run its own label")
     for preset, p in spec.presets.items():
         bad = sorted(set(p) - PRESET_KEYS)
         if bad:
@@ -133,7 +137,10 @@ def experiment_grid(spec: DictConfig, preset: str, seeds: list[int] | None = Non
     if preset not in spec.presets:
         raise ConfigError(f"preset {preset!r} is not defined in {spec.name}: choose one of {sorted(spec.presets)}")
     p = spec.presets[preset]
-    seeds = [int(s) for s in (p.seeds if seeds is None else seeds)]
+    seeds = [int(s) for s in (p.get("seeds", []) if seeds is None else seeds)]
+    if not seeds:
+        raise ConfigError(f"{spec.name}: preset {preset} has no seeds: list them in presets.{preset}.seeds "
+                          "or give --seeds 0,1")
     sweep = spec.get("sweep")
     sweep_overrides = p.get("sweep_overrides", {})
     runs = []
@@ -150,6 +157,11 @@ def experiment_grid(spec: DictConfig, preset: str, seeds: list[int] | None = Non
                              *p.get("run_overrides", {}).get(run.label, []), *extra,
                              f"train.seed={seed}", f"data.seed={seed}")
                 runs.append(GridRun(label, run.label, value, seed, overrides))
+    names = [run.name for run in runs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"{spec.name}: preset {preset} trains {twice} more than once (a sweep value listed twice?): "
+                          "list each value once")
     return runs
 
 
@@ -354,13 +366,44 @@ def compare_to_reference(ours: pd.DataFrame, reference: pd.DataFrame) -> pd.Data
     return pd.DataFrame(rows)
 
 
+COMPARISONS_MEAN = ("a - b: the mean over the seeds both rows have of the per-seed difference, with its 95 % "
+                    "t-interval; lower / higher when the interval excludes 0, equivalent inside +-0.01, else "
+                    "inconclusive; fewer than 3 paired seeds give no verdict.")
+REFERENCE_MEANS = ("'within 2 std': your final loss lies within two standard deviations (over the stored seeds) of "
+                   "the stored mean. A single seed of yours has no spread of its own: this checks that the run "
+                   "reproduces, not which method is better.")
+
+
+SHORT_NAMES = {"final_val_loss": "val loss", "final_val_ppl": "val ppl", "bytes_per_step/total": "bytes/step",
+               "bytes_ratio_to_ddp": "bytes / ddp", "state_ratio_to_adamw": "state / AdamW",
+               "downstream/heldout_passage_ending/acc": "offline task acc", "nu_mean_over_training": "mean nu_t",
+               "steps_to_target": "steps to target"}
+
+
+def print_summary(out_dir: Path, kind: str) -> None:
+    """The compact table of the kind (every column: table.md / table.csv) and the comparisons, each with a line
+    saying what it means."""
+    table = pd.read_csv(out_dir / "table.csv")
+    print(f"Results in {out_dir}/ (table.md and table.csv have every column):")
+    compact = table[compact_columns(table, kind)].rename(columns=lambda c: SHORT_NAMES.get(c, c))
+    print(compact.to_markdown(index=False, floatfmt=".4g"))
+    if (out_dir / "comparisons.csv").exists():
+        comparisons = pd.read_csv(out_dir / "comparisons.csv")
+        if not comparisons.empty:
+            print(f"\nComparisons. {COMPARISONS_MEAN}")
+            shown = [c for c in ("sweep_value", "a", "b", "metric", "n", "diff", "ci_low", "ci_high", "verdict")
+                     if c in comparisons]
+            print(comparisons[shown].to_markdown(index=False, floatfmt=".4g"))
+
+
 def print_beside_reference(out_dir: Path, reference_dir: Path) -> None:
     ours = pd.read_csv(out_dir / "table.csv")
     if not (reference_dir / "table.csv").exists():
         print(f"No stored reference at {reference_dir}/ yet: nothing to compare with.")
         return
     comparison = compare_to_reference(ours, pd.read_csv(reference_dir / "table.csv"))
-    print(f"Final validation loss beside the stored reference ({reference_dir}/, mean +- std over its seeds):")
+    print(f"\nFinal validation loss beside the stored reference ({reference_dir}/, mean +- std over its seeds). "
+          f"{REFERENCE_MEANS}")
     print(comparison.to_markdown(index=False, floatfmt=".4g"))
 
 
@@ -380,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--force", action="store_true", help="rerun runs that could be reused")
     parser.add_argument("--tables-only", action="store_true",
                         help="train nothing: rebuild the tables from the stored runs (an error if one is stale)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     presets = [a for a in args.rest if "=" not in a]
     extra = [a for a in args.rest if "=" in a]
     if len(presets) > 1:
@@ -394,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
     except RunEnded as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(err.exit_code)
-    print((out_dir / "table.md").read_text())
+    print_summary(out_dir, load_spec(args.config).table.kind)
     if Path(args.out).resolve() != RESULTS.resolve():
         print_beside_reference(out_dir, RESULTS / out_dir.relative_to(args.out))
 

@@ -32,6 +32,9 @@ class ModelConfig:
         return self.d_hidden if self.d_hidden is not None else 4 * self.d_model
 
     def validate(self) -> None:
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_context"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
         if self.mlp not in ("gelu", "swiglu"):
             raise ValueError(f"model.mlp={self.mlp!r} is unknown: use 'gelu' or 'swiglu'")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:

@@ -71,21 +71,31 @@ class RunDirectory:
         self._rows: list[dict] = []
         self.started = time.time()
 
+    def check_free(self, overwrite: bool = False) -> None:
+        """ConfigError when the directory already holds files (another run) and `overwrite` is not set."""
+        held = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
+        if held and not overwrite:
+            record = self.path / "record.json"
+            what = (f"a run (record.json status {read_record(self.path).get('status', 'unknown')})"
+                    if record.exists() else f"files ({', '.join(held[:4])})")
+            raise ConfigError(f"run directory {self.path} already holds {what}: choose another run.name, "
+                              "or set run.overwrite=true to clear it first")
+
     def create(self, cfg: DictConfig, overwrite: bool = False) -> None:
         """Make the directory and write config.yaml. A directory that already holds files (another run) is an
-        error, unless `overwrite`, which clears it first."""
+        error, unless `overwrite`, which clears it first. config.yaml is created exclusively (O_EXCL), so of two
+        runs started into one directory at once exactly one gets it."""
         try:
-            held = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
-            if held and not overwrite:
-                record = self.path / "record.json"
-                what = (f"a run (record.json status {read_record(self.path).get('status', 'unknown')})"
-                        if record.exists() else f"files ({', '.join(held[:4])})")
-                raise ConfigError(f"run directory {self.path} already holds {what}: choose another run.name, "
-                                  "or set run.overwrite=true to clear it first")
-            if held:
+            self.check_free(overwrite)
+            if overwrite and self.path.is_dir():
                 shutil.rmtree(self.path)
             self.path.mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(cfg, self.path / "config.yaml")
+            try:
+                with open(self.path / "config.yaml", "x") as f:
+                    f.write(OmegaConf.to_yaml(cfg))
+            except FileExistsError:
+                raise ConfigError(f"run directory {self.path} was taken by another run just now: choose another "
+                                  "run.name") from None
         except OSError as err:
             raise ConfigError(f"run.out_dir={cfg.run.out_dir}: cannot write the run directory {self.path} "
                               f"({err.strerror or err}): choose a writable run.out_dir") from None

@@ -384,6 +384,23 @@ SHOWN = {
 }
 
 
+# Columns printed at the end of an experiment run, where SHOWN would wrap in a terminal
+COMPACT = {
+    "methods": ["label", "seeds", "final_val_loss", "final_val_ppl", "bytes_per_step/total", "bytes_ratio_to_ddp",
+                "state_ratio_to_adamw", "downstream/heldout_passage_ending/acc"],
+    "spectral": ["label", "seeds", "final_val_loss", "final_val_ppl", "bytes_ratio_to_ddp", "state_ratio_to_adamw",
+                 "nu_mean_over_training"],
+    "communication": ["label", "seeds", "final_val_loss", "bytes_per_step/total", "step_time_s", "steps_to_target",
+                      "time_to_target_s_1gbps", "time_to_target_s_100gbps"],
+}
+
+
+def compact_columns(table: pd.DataFrame, kind: str) -> list[str]:
+    """The columns of the kind's compact view (its table.md columns where it has none) that the table holds."""
+    shown = COMPACT.get(kind, SHOWN[kind])
+    return [c for entry in shown for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
+
+
 def build_tables(params: dict, results: list[RunResult]) -> dict[str, pd.DataFrame]:
     """The tables of `params["kind"]` (the experiment config's `table` section) from the finished runs."""
     kind = params.get("kind")

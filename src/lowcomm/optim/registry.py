@@ -7,6 +7,9 @@ checked against the dataclass before anything is built, so an unknown key fails 
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -50,8 +53,38 @@ def optimizer_options(cfg: Mapping[str, Any]) -> Any:
         raise ValueError(
             f"unknown key(s) optim.{', optim.'.join(unknown)} for optimizer {name!r}: valid keys are {sorted(fields)}"
         )
-    cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
-    return cls(**cfg)
+    hints = typing.get_type_hints(cls)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    return cls(**{k: typed_option(k, v, hints[k], defaults[k]) for k, v in cfg.items()})
+
+
+def typed_option(key: str, value: Any, hint: Any, default: Any) -> Any:
+    """An option's value as its declared type (float, int, bool, str, a fixed-length tuple of floats, or None where
+    allowed); a ValueError names `optim.<key>`, the value and the fix."""
+    kinds = set(typing.get_args(hint)) if typing.get_origin(hint) in (typing.Union, types.UnionType) else {hint}
+    if value is None and type(None) in kinds:
+        return None
+    kind = next(iter(kinds - {type(None)}))
+    if typing.get_origin(kind) is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(default):
+            example = ",".join(f"{v:g}" for v in default)
+            raise ValueError(f"optim.{key}={value} needs {len(default)} numbers: e.g. optim.{key}=[{example}]")
+        return tuple(typed_option(f"{key}[{i}]", v, float, 0.0) for i, v in enumerate(value))
+    if kind is bool or kind is str:
+        if not isinstance(value, kind):
+            raise ValueError(f"optim.{key}={value!r} must be {'true or false' if kind is bool else 'a word'}")
+        return value
+    try:
+        number = kind(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and number == value:
+        return value  # as written (2 stays 2 in messages)
+    if not math.isfinite(number) or (kind is int and number != float(value)):
+        example = f", e.g. optim.{key}={default}" if default is not None else ""
+        raise ValueError(f"optim.{key}={value!r} is not {'an integer' if kind is int else 'a finite number'}: "
+                         f"give one{example}")
+    return number
 
 
 def build_optimizer(cfg: Mapping[str, Any], model: nn.Module) -> torch.optim.Optimizer:
