@@ -2,6 +2,8 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 export HF_HOME := $(CURDIR)/.cache/hf
 export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
+# VERBOSE=1: library banners and progress bars (silenced by default)
+export LOWCOMM_VERBOSE := $(VERBOSE)
 
 EXPERIMENTS := table3_main stagnation_ablation rank_sweep batch_size_sensitivity nu_measurement beta_sweep \
                orthdion_convergence communication spectral_local_steps

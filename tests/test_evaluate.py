@@ -11,11 +11,9 @@ import torch
 import torch.nn.functional as F
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
-from omegaconf import OmegaConf
 from torch import nn
 
 from lowcomm import eval_tasks
-from lowcomm.config import load_config
 from lowcomm.data import EOS, bible_passages, offline_split, train_bpe
 from lowcomm.evaluate import LowcommLM, evaluate_run_dir, main, run_lm_eval, task_scores
 from lowcomm.model import ModelConfig, Transformer
@@ -214,19 +212,6 @@ def test_offline_task_is_rebuilt_identically_and_its_answers_follow_their_contex
 
 
 # ---------------------------------------------------------------- hub tasks offline, run records
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """An untrained smoke-size run on the offline corpus: config.yaml, model.pt, record.json."""
-    path = tmp_path_factory.mktemp("run")
-    cfg = load_config("experiments/train/config.yaml", ["model.size=smoke", "data.vocab_size=512", "data.context=64"])
-    OmegaConf.save(cfg, path / "config.yaml")
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=2, max_context=64))
-    torch.save({"model": model.state_dict(), "model_config": model.cfg}, path / "model.pt")
-    (path / "record.json").write_text(json.dumps({"status": "complete", "final_val_loss": 6.0}))
-    return path
-
 
 def test_paper_tasks_are_indexed_without_lm_evals_whole_task_index():
     manager = eval_tasks.task_manager([*eval_tasks.PAPER_TASKS, eval_tasks.OFFLINE_TASK])

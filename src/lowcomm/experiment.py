@@ -53,7 +53,7 @@ from .data import DataUnavailable
 from .optim import optimizer_options
 from .results import read_record
 from .stats import within_reference
-from .tables import RunResult, build_tables, compact_columns, markdown
+from .tables import RunResult, build_tables, compact_columns, downstream_sources, markdown
 from .train import RunEnded, train, validate
 from .tuning import tuned_overrides
 
@@ -387,6 +387,8 @@ def print_summary(out_dir: Path, kind: str) -> None:
     print(f"Results in {out_dir}/ (table.md and table.csv have every column):")
     compact = table[compact_columns(table, kind)].rename(columns=lambda c: SHORT_NAMES.get(c, c))
     print(compact.to_markdown(index=False, floatfmt=".4g"))
+    if downstream_sources(table):
+        print(downstream_sources(table))
     if (out_dir / "comparisons.csv").exists():
         comparisons = pd.read_csv(out_dir / "comparisons.csv")
         if not comparisons.empty:

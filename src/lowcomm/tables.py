@@ -25,6 +25,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .distributed.accounting import analytic_bytes_per_step, model_shapes, state_summary
+from .eval_tasks import OFFLINE_TASK
+from .local_tasks import LOCAL_SUFFIX
 from .model import Transformer, model_config_from
 from .optim.lowrank_adam import resolve_rank
 from .optim.registry import optimizer_options
@@ -409,12 +411,32 @@ def build_tables(params: dict, results: list[RunResult]) -> dict[str, pd.DataFra
     return KINDS[kind](results, params)
 
 
+def downstream_sources(table: pd.DataFrame) -> str:
+    """One line naming the data each downstream task ran on ('' without downstream columns): the offline task's
+    files in tasks/, a local copy (a `<task>_local` task of lowcomm.local_tasks), the hub, or none (needs hub)."""
+    tasks = list(dict.fromkeys(c.split("/")[1] for c in table if c.startswith("downstream/")))
+    if not tasks:
+        return ""
+
+    def source(task: str) -> str:
+        words = table.get(f"downstream/{task}")
+        if words is not None and words.astype(str).str.contains("needs hub").all():
+            return "not run (needs the hub)"
+        if task == OFFLINE_TASK:
+            return f"local files (tasks/{OFFLINE_TASK}/)"
+        return "local copy" if task.endswith(LOCAL_SUFFIX) else "hub"
+    return "Downstream data: " + "; ".join(f"{task}: {source(task)}" for task in tasks) + "."
+
+
 def markdown(tables: dict[str, pd.DataFrame], kind: str) -> str:
-    """table.md: the kind's shown columns of the main table, then every other table whole."""
+    """table.md: the kind's shown columns of the main table (and the downstream data line), then every other table
+    whole."""
     parts = []
     for name, table in tables.items():
         shown = list(table.columns) if name != "table" else [
             c for entry in SHOWN[kind] for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
-        parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g"))
+        sources = downstream_sources(table) if name == "table" else ""
+        parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g")
+                     + (f"\n\n{sources}" if sources else ""))
     return "\n\n".join(parts) + "\n"
 
