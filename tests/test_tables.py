@@ -102,3 +102,19 @@ def test_nu_table_puts_the_rank_and_its_square_root_beside_nu():
     # per run: mean of nu_mean over the logged steps (1.3, 1.5), max of nu_max (1.9, 2.1); then means over seeds
     assert t["nu_mean_over_training"] == pytest.approx(1.4) and t["nu_max_over_training"] == pytest.approx(2.0)
     assert t["nu_mean_over_training_std"] == pytest.approx(math.sqrt(0.02))
+
+
+def test_horizon_gaps_to_ddp_per_horizon_and_the_steps_ddp_needs():
+    """ddp's longest run (validation at steps 0, 4, 8, 12) reaches lordo's 4.52 between step 8 (5.0) and 12 (4.0)."""
+    results = [run(f"ddp_steps{h}", s, losses, method="ddp", sweep=h)
+               for h, losses in ((8, [8.0, 6.0, 5.2]), (12, [8.0, 6.0, 5.0, 4.0])) for s in (1, 2, 3)]
+    results += [run(f"lordo_steps{h}", s, [8.0, 6.5, loss + s / 100], method="lordo", sweep=h)
+                for h, loss in ((8, 5.5), (12, 4.5)) for s in (1, 2, 3)]
+    tables = build_tables({"kind": "horizon", "baseline": "ddp"}, results)
+    t = tables["table"].set_index("label")
+    assert t.loc["lordo_steps12", "ddp_steps_to_final"] == pytest.approx(8 + 4 * (5.0 - 4.52) / (5.0 - 4.0))
+    assert t.loc["ddp_steps12", "ddp_steps_to_final"] == pytest.approx(12)
+    c = tables["comparisons"]
+    assert list(zip(c["sweep_value"], c["a"], c["b"], c["verdict"])) == [(8, "lordo_steps8", "ddp_steps8", "higher"),
+                                                                        (12, "lordo_steps12", "ddp_steps12", "higher")]
+    assert c["diff"].tolist() == pytest.approx([5.52 - 5.2, 4.52 - 4.0])

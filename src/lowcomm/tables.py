@@ -261,6 +261,22 @@ def sweep_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFram
     return {"table": table, "comparisons": comparisons}
 
 
+def horizon_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+    """Per run label and horizon (sweep value: train.steps): the loss, the paired gap to the `baseline` row at the
+    same horizon, and the steps the baseline's longest run (mean curve) needs to reach the row's final loss."""
+    base = params["baseline"]
+    runs = per_run_frame(results)
+    table = summarize(runs)
+    longest = max((r for r in results if r.method == base), key=lambda r: float(r.sweep_value), default=None)
+    if longest is not None:
+        curve = mean_curves([r for r in results if r.label == longest.label])[longest.label]
+        table[f"{base}_steps_to_final"] = [_reach(curve, loss) for loss in table["final_val_loss"]]
+    pairs = pairs_at_values([[method, base] for method in dict.fromkeys(table["method"]) if method != base], table)
+    comparisons = compare_rows(runs, table, pairs)
+    comparisons.insert(0, "sweep_value", [table.set_index("label").loc[a, "sweep_value"] for a in comparisons["a"]])
+    return {"table": table, "comparisons": comparisons}
+
+
 def dion_rank(cfg: DictConfig) -> int:
     """The largest rank ceil(rank_fraction x min(m, n)) over the hidden matrices of a Dion-family run."""
     fraction = optimizer_setting(cfg, "rank_fraction")
@@ -358,6 +374,7 @@ KINDS: dict[str, Callable[[list[RunResult], dict], dict[str, pd.DataFrame]]] = {
     "beta": beta_table,
     "convergence": convergence_table,
     "communication": communication_table,
+    "horizon": horizon_table,
 }
 
 # Columns of table.md per kind (table.csv keeps every column); an entry ending in "/" shows every column it prefixes.
@@ -376,6 +393,7 @@ SHOWN = {
     "nu": ["label", "sweep_value", "seeds", "rank", "sqrt_rank", "nu_mean_over_training", "nu_mean_over_training_std",
            "nu_max_over_training", "spectral/nu_mean", "final_val_loss"],
     "beta": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"],
+    "horizon": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "ddp_steps_to_final"],
     "convergence": ["label", "seeds", "final_val_loss", "final_val_loss_std", "steps_to_target", "steps_to_target_std",
                     "steps_to_target_n", "step_time_s", "time_to_target_s", "active_rank_share_over_training"],
     "communication": ["label", "seeds", "bytes_per_step/total", "analytic_bytes_per_step", "collectives_per_step",
