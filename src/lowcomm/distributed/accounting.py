@@ -241,7 +241,8 @@ def analytic_sync_state(method_options: Mapping[str, Any], shapes: ParamShapes,
     return {"anchor": params, "outer_momentum": params if opts.outer == "nesterov" else 0}
 
 
-SEPARATE_STATE = {"error_feedback": "error_feedback_bytes", "anchor": "anchor_bytes", "outer_momentum": "anchor_bytes"}
+SEPARATE_STATE = {"error_feedback": "error_feedback_bytes", "compression_error": "error_feedback_bytes",
+                  "anchor": "anchor_bytes", "outer_momentum": "anchor_bytes"}
 
 
 def state_summary(bytes_by_kind: Mapping[str, float]) -> dict[str, float]:

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .compression import BITS, MAX_CHUNK, ROUNDINGS, Compression
+
 
 @dataclass(frozen=True)
 class Method:
@@ -79,6 +81,9 @@ class SyncOptions:
     lowrank_gradient: what lowrank_ddp all-reduces every step: "projected" (Q^T G, D9) or "full" (G).
     probe_cosine: K-step methods: also sum the all-reduced gradient of every step over the K steps (on a separate
         ledger, kind "probe") and log at each sync the cosine between Delta and the negative of that sum.
+    compress: K-step methods: send the pseudo-gradient compressed (lowcomm.distributed.compression): per-worker
+        error feedback decayed by compress_ef_beta, the compress_density share of each chunk of compress_chunk
+        entries with the largest |e|, values at compress_bits bits (2, 4, 8; 32: fp32) rounded compress_rounding.
     """
 
     name: str
@@ -93,10 +98,24 @@ class SyncOptions:
     basis_refresh_every: int = 200
     lowrank_gradient: str = "projected"
     probe_cosine: bool = False
+    compress: bool = False
+    compress_density: float = 0.01
+    compress_bits: int = 2
+    compress_chunk: int = 4096
+    compress_rounding: str = "nearest"
+    compress_ef_beta: float = 0.95
 
     @property
     def method(self) -> Method:
         return METHODS[self.name]
+
+    @property
+    def compression(self) -> Compression | None:
+        """The pseudo-gradient compression, or None (dense all-reduce)."""
+        if not self.compress:
+            return None
+        return Compression(self.compress_density, self.compress_bits, self.compress_chunk, self.compress_rounding,
+                           self.compress_ef_beta)
 
     @property
     def projected_gradients(self) -> bool:
@@ -156,4 +175,23 @@ def sync_options(cfg: Mapping[str, Any]) -> SyncOptions:
     if not 0 <= opts.outer_momentum < 1:
         raise ValueError(f"sync.outer_momentum={opts.outer_momentum!r} is invalid: set a value in [0, 1)")
     _check_choice("state_sync_scope", opts.state_sync_scope, STATE_SCOPES)
+    if opts.compress:
+        check_compression(opts)
     return opts
+
+
+def check_compression(opts: SyncOptions) -> None:
+    """ValueError naming the sync.compress_* key out of range, or compress on a method without a pseudo-gradient."""
+    if not opts.method.k_step:
+        raise ValueError(f"sync.compress=true compresses the pseudo-gradient, which sync.name={opts.name!r} does not "
+                         "send: use a K-step method (diloco, local_adam, lordo, lordo_local, orth_dion_local, ...)")
+    if not 0 < opts.compress_density <= 1:
+        raise ValueError(f"sync.compress_density={opts.compress_density!r} is invalid: set a share in (0, 1]")
+    if opts.compress_bits not in BITS:
+        raise ValueError(f"sync.compress_bits={opts.compress_bits!r} is invalid: use one of {list(BITS)}")
+    _check_int("compress_chunk", opts.compress_chunk, 1, "entries per chunk")
+    if opts.compress_chunk > MAX_CHUNK:
+        raise ValueError(f"sync.compress_chunk={opts.compress_chunk} is invalid: at most {MAX_CHUNK} (int16 offsets)")
+    _check_choice("compress_rounding", opts.compress_rounding, ROUNDINGS)
+    if not 0 <= opts.compress_ef_beta <= 1:
+        raise ValueError(f"sync.compress_ef_beta={opts.compress_ef_beta!r} is invalid: set a value in [0, 1]")

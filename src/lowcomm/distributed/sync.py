@@ -25,6 +25,7 @@ from torch import nn
 
 from ..optim.projection import principal_angles
 from .comm import KINDS, Communicator
+from .compression import CompressedPseudoGradient, Compression
 from .options import Method, SyncOptions, sync_options
 
 
@@ -59,10 +60,12 @@ class PseudoGradientSync:
         W = W_anchor + lr (Delta - mu b)."""
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]], comm: Communicator, outer: str,
-                 lr: float, momentum: float):
+                 lr: float, momentum: float, compression: Compression | None = None, seed: int = 0):
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
         self.comm = comm
+        self.compressed = (CompressedPseudoGradient(self.params, comm, compression, seed) if compression is not None
+                           else None)
         self.nesterov = outer == "nesterov"
         self.lr, self.mu = lr, momentum
         self.anchor = [p.detach().clone() for p in self.params]
@@ -77,7 +80,10 @@ class PseudoGradientSync:
     def __call__(self) -> list[torch.Tensor]:
         """Run the sync; returns Delta for every parameter (identical on every rank)."""
         deltas = [p.detach() - a for p, a in zip(self.params, self.anchor)]
-        self.comm.all_reduce(deltas, "pseudo_gradient")
+        if self.compressed is not None:
+            deltas = self.compressed(deltas)
+        else:
+            self.comm.all_reduce(deltas, "pseudo_gradient")
         for i, (p, a, d) in enumerate(zip(self.params, self.anchor, deltas)):
             if self.nesterov:
                 b = self.momentum[i].mul_(self.mu).sub_(d)
@@ -91,10 +97,13 @@ class PseudoGradientSync:
         sd = {"anchor": {n: a.clone() for n, a in zip(self.names, self.anchor)}}
         if self.nesterov:
             sd["outer_momentum"] = {n: b.clone() for n, b in zip(self.names, self.momentum)}
+        if self.compressed is not None:
+            sd["compression_error"] = {n: e.clone() for n, e in zip(self.names, self.compressed.errors)}
         return sd
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
-        buffers = [("anchor", self.anchor)] + ([("outer_momentum", self.momentum)] if self.nesterov else [])
+        buffers = [("anchor", self.anchor)] + ([("outer_momentum", self.momentum)] if self.nesterov else []) + (
+            [("compression_error", self.compressed.errors)] if self.compressed is not None else [])
         for key, tensors in buffers:
             if key not in sd or set(sd[key]) != set(self.names):
                 raise ValueError(f"sync engine state has no matching {key!r} for this model: resume with the "
@@ -104,7 +113,8 @@ class PseudoGradientSync:
 
     def state_bytes(self) -> dict[str, int]:
         return {"anchor": sum(a.numel() * a.element_size() for a in self.anchor),
-                "outer_momentum": sum(b.numel() * b.element_size() for b in self.momentum)}
+                "outer_momentum": sum(b.numel() * b.element_size() for b in self.momentum),
+                **({"compression_error": self.compressed.state_bytes()} if self.compressed is not None else {})}
 
 
 class MomentAverage:
@@ -223,8 +233,8 @@ class SyncEngine:
             self.basis = (GlobalBasis(optimizer, comm, names, optimizer.matrix_params(), "Q") if method.local_dion
                           else GlobalBasis(optimizer, comm, names, optimizer.lowrank_params(), "basis"))
         self.lowrank_gradients_reduced = method.per_step_gradients and not opts.projected_gradients
-        self.pseudo = (PseudoGradientSync(named, comm, opts.outer, opts.outer_lr, opts.outer_momentum)
-                       if method.k_step else None)
+        self.pseudo = (PseudoGradientSync(named, comm, opts.outer, opts.outer_lr, opts.outer_momentum,
+                                          opts.compression) if method.k_step else None)
         self.moments = None
         if method.k_step and (opts.state_sync_u or opts.state_sync_v or opts.state_sync_m):
             scope = lowrank if opts.state_sync_scope == "lowrank" else self.params
