@@ -14,6 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .quiet import no_progress_bars
+
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
 OFFLINE_TASK = "heldout_passage_ending"
 PAPER_TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "mmlu")  # 0-shot, acc and acc_norm
@@ -92,7 +94,8 @@ def load_tasks(names: list[str], include_path: str | Path | None = None):
     loaded, unavailable = {}, {}
     for name in names:
         try:
-            tasks = manager.load(name)
+            with no_progress_bars():  # datasets' "Generating split" bars
+                tasks = manager.load(name)
         except ConnectionError:
             unavailable[name] = needs_hub_message(name)
             continue
