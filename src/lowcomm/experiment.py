@@ -26,8 +26,9 @@ its method's tuned peak lr (`lr`) and, where its optimizer has one, the non-matr
 `python -m lowcomm.tuning` writes (lowcomm.tuning.tuned_overrides); the values go into the run's overrides and
 its stored config.
 
-A run is reused only when its record.json says `status: complete` (or `diverged`, with keep_diverged) and its stored config.yaml equals the run's
-resolved config; otherwise (or with --force) its directory is replaced by a new run. So an interrupted
+A run is reused only when its record.json says `status: complete` (or `diverged`, with keep_diverged) and its
+stored config.yaml equals the run's resolved config (both on the optimizer's defaults); otherwise (or with --force)
+its directory is replaced by a new run. So an interrupted
 experiment resumes, and a changed config is rerun, never silently reused. With `downstream`, every run whose
 record has no scores for those tasks is evaluated (lowcomm.evaluate.evaluate_run_dir; hub tasks record "needs hub"
 when the hub cannot be reached).

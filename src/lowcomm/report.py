@@ -35,7 +35,8 @@ EXPERIMENTS = ("table3_main", "stagnation_ablation", "rank_sweep", "batch_size_s
                "beta_sweep", "orthdion_convergence", "communication", "spectral_local_steps")
 TARGETS = {"table3_main": "table3"}
 
-REPRODUCED, NOT_REPRODUCED, PENDING, NOT_TESTABLE = "reproduced", "not reproduced", "pending", "not testable at this scale"
+REPRODUCED, NOT_REPRODUCED, PENDING = "reproduced", "not reproduced", "pending"
+NOT_TESTABLE = "not testable at this scale"
 NO_VERDICT = f"no verdict (fewer than {MIN_SEEDS} paired seeds)"
 
 
