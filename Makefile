@@ -6,7 +6,7 @@ export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 export LOWCOMM_VERBOSE := $(VERBOSE)
 
 EXPERIMENTS := table3_main stagnation_ablation rank_sweep batch_size_sensitivity nu_measurement beta_sweep \
-               orthdion_convergence communication spectral_local_steps
+               orthdion_convergence communication spectral_local_steps horizon compressed_sync
 
 .PHONY: install test train bench accounting table3 experiments $(EXPERIMENTS) lr_sweep tune figures report clean
 
