@@ -100,6 +100,8 @@ def test_a_run_is_reused_only_when_complete_with_the_same_config(spec_path, tmp_
     assert stale_reason(tmp_path / "complete", other) == "its config differs (optim.omega: stored 0.7, now 0.5)"
     same = resolved_config(spec, experiment_grid(spec, "cpu", extra=["optim.omega=0.7"])[0], tmp_path / "runs")
     assert stale_reason(tmp_path / "complete", same) is None  # naming the default value is the same run
+    moved = resolved_config(spec, run, tmp_path.resolve() / "elsewhere" / "runs")
+    assert stale_reason(tmp_path / "complete", moved) is None  # run.out_dir is where it lies, not what it trained
 
 
 def test_a_schema_key_added_after_the_run_stands_for_its_default(spec_path, tmp_path):

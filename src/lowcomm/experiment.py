@@ -193,11 +193,19 @@ def with_optimizer_defaults(tree: dict) -> dict:
     return {**tree, "optim": optim}
 
 
+def comparable(tree: dict) -> dict:
+    """A config tree as runs are compared: on the optimizer's defaults, without run.out_dir (where a run directory
+    lies is where it is found, not part of what was trained: `--out results` and `--out /abs/path/results` train the
+    same runs)."""
+    tree = with_optimizer_defaults(tree)
+    return {**tree, "run": {k: v for k, v in tree["run"].items() if k != "out_dir"}}
+
+
 def stored_config_difference(run_dir: Path, cfg: DictConfig) -> str | None:
-    """config_difference between the run's stored config.yaml and `cfg`, both on the schema's and the optimizer's
-    defaults."""
+    """config_difference between the run's stored config.yaml (on the schema's defaults) and `cfg`, as `comparable`
+    trees."""
     stored = with_defaults(OmegaConf.load(run_dir / "config.yaml"))
-    return config_difference(with_optimizer_defaults(stored), with_optimizer_defaults(OmegaConf.to_container(cfg)))
+    return config_difference(comparable(stored), comparable(OmegaConf.to_container(cfg)))
 
 
 def stale_reason(run_dir: Path, cfg: DictConfig, keep_diverged: bool = False) -> str | None:
