@@ -178,7 +178,8 @@ def draw_lr_sweep(fig, preset_dir: Path) -> None:
     sns.lineplot(finite, x="sweep_value", y="final_val_loss", hue="method", marker="o", ax=ax)
     diverged = table[table["final_val_loss"] == float("inf")]
     top = finite["final_val_loss"].max()
-    ax.scatter(diverged["sweep_value"], [top] * len(diverged), marker="x", color="k", label="diverged")
+    if len(diverged):
+        ax.scatter(diverged["sweep_value"], [top] * len(diverged), marker="x", color="k", label="diverged")
     ax.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss (nats)")
     ax.legend(fontsize=7)
 
