@@ -94,3 +94,29 @@ def test_lr_sweep_smoke_keeps_a_diverged_run_as_a_result(tmp_path):
     again = run_experiment(ROOT / "experiments" / "lr_sweep" / "config.yaml", "smoke", tmp_path,
                            extra=["optim.lr=1e6", "train.clip=0"], tables_only=True)  # reused, not rerun
     assert OmegaConf.load(again / "runs" / "ddp_lr0.003-s0" / "config.yaml").optim.lr == 1e6
+
+
+def test_beta_sweep_forms_resolve_to_the_published_pairs(tuned, tmp_path):
+    """summary form: mu = 0, ef_beta = beta; code form: ef_beta = 1, mu = 1 - beta; Dion's default as reference."""
+    spec = load_spec(ROOT / "experiments" / "beta_sweep" / "config.yaml")
+    resolved = {run.label: resolved_config(spec, run, tmp_path).optim for run in experiment_grid(spec, "forms")
+                if run.seed == 1}
+    for beta in (0.1, 0.3, 0.5, 0.7):
+        summary, code = resolved[f"dion_summary_beta{beta}"], resolved[f"orth_dion_code_beta{beta}"]
+        assert (summary.mu, summary.ef_beta) == (0.0, beta)
+        assert (code.ef_beta, code.mu) == (1.0, pytest.approx(1 - beta))
+    assert (resolved["dion_summary_beta1.0"].mu, resolved["dion_summary_beta1.0"].ef_beta) == (0.0, 1.0)
+    assert "mu" not in resolved["dion_default_beta1.0"] and resolved["dion_default_beta1.0"].ef_beta == 1.0  # 0.95
+
+
+def test_the_code_form_is_compared_with_the_summary_forms_beta_one():
+    from test_tables import run
+
+    from lowcomm.tables import build_tables
+
+    results = [run(f"{m}_beta{b}", s, [8.0, 5.0 + b / 10], method=m, sweep=b)
+               for m, betas in (("dion_summary", (0.1, 1.0)), ("dion_code", (0.1,))) for b in betas for s in (1, 2, 3)]
+    c = build_tables({"kind": "beta", "reference": 1.0, "reference_of": {"dion_code": "dion_summary"}},
+                     results)["comparisons"]
+    assert list(zip(c["a"], c["b"])) == [("dion_summary_beta0.1", "dion_summary_beta1.0"),
+                                         ("dion_code_beta0.1", "dion_summary_beta1.0")]

@@ -15,13 +15,14 @@ An experiment config:
                          run_sweep: {<label>: [...]},         # optional: one run's sweep values in this preset
                          tuned: [lr, adamw_lr]}}              # optional: lrs from experiments/tuned_lr.yaml
     runs: [{label: <row name>, overrides: [key=value, ...], seeds: <at most this many of the seeds>,
-            sweep: [...]}, ...]                                      # sweep: optional, this run's sweep values
+            sweep: [...], sweep_overrides: {<value>: [...]}}, ...]   # optional: this run's values, its overrides
     sweep: {key: <config key>, values: [...], tag: <label suffix>}   # optional: every run at every value
     keep_diverged: true                                              # optional: a diverged run is a result
     table: {kind: <lowcomm.tables kind>, ...}                        # the kind's parameters
     downstream: [<lm-eval task>, ...]                                # optional: scored into each run's record
 Every preset starts from the overrides of experiments/presets.yaml for its name. Overrides apply in the order
-presets.yaml, preset, tuned lrs, run, sweep value, run_overrides, command line, seed. With `tuned`, each run takes
+presets.yaml, preset, tuned lrs, run, sweep value (with the preset's, then the run's sweep_overrides),
+run_overrides, command line, seed. With `tuned`, each run takes
 its method's tuned peak lr (`lr`) and, where its optimizer has one, the non-matrix lr (`adamw_lr`) from the file
 `python -m lowcomm.tuning` writes (lowcomm.tuning.tuned_overrides); the values go into the run's overrides and
 its stored config.
@@ -151,7 +152,8 @@ def experiment_grid(spec: DictConfig, preset: str, seeds: list[int] | None = Non
         values = sweep_values(spec, p, run)
         tuned = tuned_overrides(run_method(run.overrides), list(p.get("tuned", [])))
         for value in values:
-            swept = [] if value is None else [f"{sweep.key}={value}", *sweep_overrides.get(str(value), [])]
+            swept = [] if value is None else [f"{sweep.key}={value}", *sweep_overrides.get(str(value), []),
+                                              *run.get("sweep_overrides", {}).get(str(value), [])]
             label = run.label if value is None else sweep_label(run.label, sweep.tag, value)
             for seed in seeds[: run.get("seeds", len(seeds))]:
                 overrides = (*shared_overrides(preset), *p.get("overrides", []), *tuned, *run.overrides, *swept,

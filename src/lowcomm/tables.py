@@ -296,12 +296,14 @@ def nu_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
 
 
 def beta_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
-    """Loss per method and ef_beta; each beta against the `reference` beta of the same method."""
+    """Loss per run label and beta; each beta against the `reference` beta of the same run label, or of the label
+    `reference_of` names for it (a form whose reference is another's)."""
     runs = per_run_frame(results)
     table = summarize(runs)
-    ref = params["reference"]
-    pairs = [[label, label_at(table, method, ref)] for label, method, value in
-             zip(table["label"], table["method"], table["sweep_value"]) if float(value) != float(ref)]
+    ref, reference_of = params["reference"], params.get("reference_of", {})
+    pairs = [[label, label_at(table, reference_of.get(method, method), ref)] for label, method, value in
+             zip(table["label"], table["method"], table["sweep_value"])
+             if float(value) != float(ref) or method in reference_of]
     return {"table": table, "comparisons": compare_rows(runs, table, [p for p in pairs if p[1]])}
 
 
