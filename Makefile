@@ -71,6 +71,8 @@ lr_sweep: install
 	$(MAKE) --no-print-directory tune
 	$(PY) -m lowcomm.experiment experiments/lr_sweep/config.yaml cpu_spectral --out $(OUT) $(if $(FORCE),--force)
 	$(MAKE) --no-print-directory tune
+	$(PY) -m lowcomm.experiment experiments/lr_sweep/config.yaml claim --out $(OUT) $(if $(FORCE),--force)
+	$(MAKE) --no-print-directory tune
 
 tune: install
 	$(PY) -m lowcomm.tuning --results $(OUT) $(if $(filter results,$(OUT)),,--out $(OUT)/lr_sweep/tuned_lr.yaml)
