@@ -5,10 +5,12 @@ export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 # VERBOSE=1: library banners and progress bars (silenced by default)
 export LOWCOMM_VERBOSE := $(VERBOSE)
 
-EXPERIMENTS := table3_main stagnation_ablation rank_sweep batch_size_sensitivity nu_measurement beta_sweep \
-               orthdion_convergence communication spectral_local_steps horizon compressed_sync
+# Every experiment is a folder experiments/<name>/ whose config.yaml has a `report` section (lowcomm.repro.definitions);
+# `make experiments` runs those without `in_all: false`.
+DEFINED     := $(patsubst experiments/%/config.yaml,%,$(shell grep -l '^report:' experiments/*/config.yaml))
+EXPERIMENTS := $(filter-out $(patsubst experiments/%/config.yaml,%,$(shell grep -l '^  in_all: false' experiments/*/config.yaml)),$(DEFINED))
 
-.PHONY: install test train bench accounting table3 experiments $(EXPERIMENTS) lr_sweep tune figures report clean
+.PHONY: install test train bench accounting table3 experiments $(DEFINED) tune figures report clean
 
 install: $(STAMP)
 
@@ -25,7 +27,7 @@ test: install
 	$(PY) -m pytest tests
 
 train: install
-	$(PY) -m lowcomm.train experiments/train/config.yaml
+	$(PY) -m lowcomm.training.train experiments/train/config.yaml
 
 # Benchmarks (results/bench/): harness overhead and start-up against plain PyTorch, compute efficiency, LoRDO's
 # sync, every optimizer's step; then results/bench/summary.md (figure, goal, measured). About 25 min on 2 cores.
@@ -49,12 +51,12 @@ PRESET ?= cpu
 OUT    ?= runs
 SEEDS  ?= $(if $(filter results,$(OUT)),,0)
 FORCE  ?=
-run_experiment = $(PY) -m lowcomm.experiment experiments/$(1)/config.yaml $(PRESET) --out $(OUT) \
+run_experiment = $(PY) -m lowcomm.repro.experiment experiments/$(1)/config.yaml $(PRESET) --out $(OUT) \
 	$(if $(SEEDS),--seeds $(SEEDS)) $(if $(FORCE),--force)
 
 table3: table3_main
 
-$(filter-out communication,$(EXPERIMENTS)): install
+$(filter-out communication lr_sweep,$(DEFINED)): install
 	$(call run_experiment,$@)
 
 communication: install accounting
@@ -67,34 +69,34 @@ experiments: $(EXPERIMENTS)
 # experiments/tuned_lr.yaml, which every experiment's cpu preset reads; into runs/ the choice goes to
 # runs/lr_sweep/tuned_lr.yaml and stage 2 reads the stored file.
 lr_sweep: install
-	$(PY) -m lowcomm.experiment experiments/lr_sweep/config.yaml cpu --out $(OUT) $(if $(FORCE),--force)
+	$(PY) -m lowcomm.repro.experiment experiments/lr_sweep/config.yaml cpu --out $(OUT) $(if $(FORCE),--force)
 	$(MAKE) --no-print-directory tune
-	$(PY) -m lowcomm.experiment experiments/lr_sweep/config.yaml cpu_spectral --out $(OUT) $(if $(FORCE),--force)
+	$(PY) -m lowcomm.repro.experiment experiments/lr_sweep/config.yaml cpu_spectral --out $(OUT) $(if $(FORCE),--force)
 	$(MAKE) --no-print-directory tune
-	$(PY) -m lowcomm.experiment experiments/lr_sweep/config.yaml claim --out $(OUT) $(if $(FORCE),--force)
+	$(PY) -m lowcomm.repro.experiment experiments/lr_sweep/config.yaml claim --out $(OUT) $(if $(FORCE),--force)
 	$(MAKE) --no-print-directory tune
 
 tune: install
-	$(PY) -m lowcomm.tuning --results $(OUT) $(if $(filter results,$(OUT)),,--out $(OUT)/lr_sweep/tuned_lr.yaml)
+	$(PY) -m lowcomm.repro.tuning --results $(OUT) $(if $(filter results,$(OUT)),,--out $(OUT)/lr_sweep/tuned_lr.yaml)
 
 # Analytic bytes, collectives and optimizer state per worker per step at the paper sizes (no training).
 accounting: install
-	$(PY) -m lowcomm.distributed.accounting --out $(OUT)/communication/analytic.csv
+	$(PY) -m lowcomm.repro.accounting --out $(OUT)/communication/analytic.csv
 
-# Downstream evaluation of a run's model with lm-evaluation-harness (python -m lowcomm.evaluate --help).
+# Downstream evaluation of a run's model with lm-evaluation-harness (python -m lowcomm.eval.evaluate --help).
 .PHONY: eval
 TASKS ?= heldout_passage_ending
 eval: install
 	@test -n "$(RUN)" || { echo "error: give RUN=<run directory or its model.pt>, e.g. make eval RUN=runs/ddp-cpu-s0-..."; exit 2; }
-	$(PY) -m lowcomm.evaluate $(RUN) --tasks $(TASKS) $(EVAL_ARGS)
+	$(PY) -m lowcomm.eval.evaluate $(RUN) --tasks $(TASKS) $(EVAL_ARGS)
 
 # Figures from the stored results only: paper_figures/<experiment>_<preset>.{png,pdf}.
 figures: install
-	$(PY) paper_figures/make_figures.py
+	$(PY) -m lowcomm.repro.figures
 
 # The README's Results section and each experiment README's "What our run shows", from the stored tables.
 report: install
-	$(PY) -m lowcomm.report
+	$(PY) -m lowcomm.repro.report
 
 clean:
 	rm -rf .venv .cache runs

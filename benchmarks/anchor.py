@@ -1,6 +1,6 @@
-"""The plain PyTorch training loop the harness benchmark measures `lowcomm.train` against (benchmarks/plain_loop.py
+"""The plain PyTorch training loop the harness benchmark measures `lowcomm.training.train` against (benchmarks/plain_loop.py
 in one process, benchmarks/plain_ddp.py under DistributedDataParallel): the model, data, AdamW and schedule that
-`lowcomm.train` uses with method=ddp, and nothing else."""
+`lowcomm.training.train` uses with method=ddp, and nothing else."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import git_commit
+
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import Dion
 

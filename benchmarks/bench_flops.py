@@ -17,8 +17,8 @@ import argparse
 import time
 
 import torch
-
 from common import machine, median, write_csv
+
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
 

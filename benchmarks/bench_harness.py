@@ -1,9 +1,9 @@
-"""Harness overhead and start-up: whole processes of `lowcomm.train` beside plain PyTorch anchors, side by side.
+"""Harness overhead and start-up: whole processes of `lowcomm.training.train` beside plain PyTorch anchors, side by side.
 
-- overhead: `lowcomm.train` (method ddp) against benchmarks/plain_loop.py with one worker and against
+- overhead: `lowcomm.training.train` (method ddp) against benchmarks/plain_loop.py with one worker and against
   benchmarks/plain_ddp.py (DistributedDataParallel over gloo) with four, same model, data, optimizer, schedule,
   steps and threads; whole-process wall time and training tokens/s.
-- start-up: `lowcomm.train` from the command to the end of its first training step (the first metrics row past
+- start-up: `lowcomm.training.train` from the command to the end of its first training step (the first metrics row past
   step 0, watched from outside), with one and with four workers.
 Commands take turns, repetition by repetition; medians. Writes results/bench/harness.csv (overhead) and
 results/bench/startup.csv.
@@ -29,7 +29,7 @@ PY = sys.executable
 
 
 def lowcomm_command(out: Path, name: str, steps: int, devices: int, threads: int) -> list[str]:
-    return [PY, "-m", "lowcomm.train", "experiments/train/config.yaml", "method=ddp", f"train.devices={devices}",
+    return [PY, "-m", "lowcomm.training.train", "experiments/train/config.yaml", "method=ddp", f"train.devices={devices}",
             f"train.threads={threads}", f"train.steps={steps}", f"train.warmup={max(1, steps // 8)}",
             f"train.val_every={steps}", "data.val_batches=1", "train.progress_bar=false",
             f"run.out_dir={out}", f"run.name={name}", "run.overwrite=true"]

@@ -19,8 +19,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from common import machine, median, write_csv
+
 from lowcomm.config import method_preset
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.sync import build_sync_engine

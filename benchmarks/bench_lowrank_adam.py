@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import ROOT, git_commit
+
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
 from lowcomm.optim.projection import basis_rows, projection_side

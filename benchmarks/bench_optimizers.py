@@ -16,9 +16,9 @@ import argparse
 import time
 
 import torch
+from common import machine, median, write_csv
 from torch import nn
 
-from common import machine, median, write_csv
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
 from lowcomm.optim.lowrank_adam import LowRankAdam

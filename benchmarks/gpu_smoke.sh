@@ -13,7 +13,7 @@ declare -A LR=([ddp]=1e-3 [lowrank_ddp]=1e-3 [local_adam]=1e-3 [lordo]=1e-3 [muo
                [muloco]=0.02 [orth_dion_local]=0.01)
 run() {  # name, overrides...
   local name=$1; shift
-  "$PY" -m lowcomm.train "${COMMON[@]}" run.name="$name" "$@" > "$OUT/$name.log" 2>&1 || { tail -20 "$OUT/$name.log"; return 1; }
+  "$PY" -m lowcomm.training.train "${COMMON[@]}" run.name="$name" "$@" > "$OUT/$name.log" 2>&1 || { tail -20 "$OUT/$name.log"; return 1; }
   "$PY" - "$OUT/$name/record.json" "$name" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))

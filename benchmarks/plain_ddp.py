@@ -1,5 +1,5 @@
 """Anchor for the harness benchmark: a plain torch.distributed script, `--workers` gloo processes, the model wrapped in
-DistributedDataParallel, over the model, data, optimizer and schedule that `lowcomm.train` uses with method=ddp.
+DistributedDataParallel, over the model, data, optimizer and schedule that `lowcomm.training.train` uses with method=ddp.
 Rank 0 prints one JSON line.
 
     .venv/bin/python benchmarks/plain_ddp.py --steps 200 --workers 4
@@ -15,9 +15,8 @@ import socket
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.nn.parallel import DistributedDataParallel
-
 from anchor import anchor_arguments, anchor_model, train_anchor
+from torch.nn.parallel import DistributedDataParallel
 
 
 def worker(rank: int, args: argparse.Namespace, port: int) -> None:

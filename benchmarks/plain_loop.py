@@ -1,5 +1,5 @@
 """Anchor for the harness benchmark: a plain PyTorch training loop, one process, over the model, data, optimizer and
-schedule that `lowcomm.train` uses (no Lightning, no sync engine, no logging). Prints one JSON line.
+schedule that `lowcomm.training.train` uses (no Lightning, no sync engine, no logging). Prints one JSON line.
 
     .venv/bin/python benchmarks/plain_loop.py --steps 200 --threads 2
 """
@@ -10,7 +10,6 @@ import argparse
 import json
 
 import torch
-
 from anchor import anchor_arguments, anchor_model, train_anchor
 
 

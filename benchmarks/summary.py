@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import pandas as pd
-
 from common import BENCH_DIR
 
 
@@ -25,7 +24,7 @@ def harness_rows(df: pd.DataFrame) -> list[tuple]:
     for ours, anchor, goal in (("lowcomm_1_worker", "plain_loop", 1.10), ("lowcomm_4_workers", "plain_ddp_4_workers", 1.05)):
         ratio = med.loc[ours, "wall_s"] / med.loc[anchor, "wall_s"]
         tps = med.loc[ours, "tokens_per_s"] / med.loc[anchor, "tokens_per_s"]
-        rows.append((f"wall time, `lowcomm.train` {ours.split('_', 1)[1].replace('_', ' ')} / {anchor.replace('_', ' ')} "
+        rows.append((f"wall time, `lowcomm.training.train` {ours.split('_', 1)[1].replace('_', ' ')} / {anchor.replace('_', ' ')} "
                      f"({int(df.steps.max())} steps; training tokens/s ratio {tps:.2f})",
                      f"<= {goal:.2f}x", f"{ratio:.2f}x", verdict(ratio, goal), "bench_harness.py"))
     return rows

@@ -9,7 +9,10 @@ import math
 import pytest
 import torch
 
-from lowcomm.distributed.accounting import (
+from lowcomm.distributed.sync import optimizer_state_bytes
+from lowcomm.model import Transformer, model_config
+from lowcomm.optim import build_optimizer
+from lowcomm.repro.accounting import (
     ParamShapes,
     analytic_bytes_at,
     analytic_bytes_per_step,
@@ -23,9 +26,6 @@ from lowcomm.distributed.accounting import (
     setup_bytes,
     state_summary,
 )
-from lowcomm.distributed.sync import optimizer_state_bytes
-from lowcomm.model import Transformer, model_config
-from lowcomm.optim import build_optimizer
 
 M = 4
 RING = 2 * (M - 1) / M * 4  # bytes per worker per fp32 number of an all-reduce

@@ -9,8 +9,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lowcomm import data, experiment, train
-from lowcomm.results import RunDirectory
+from lowcomm import data
+from lowcomm.repro import experiment
+from lowcomm.training import train
+from lowcomm.training.run_dir import RunDirectory
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["model.size=smoke", "data.vocab_size=512", "data.context=64", "data.batch_size=4", "data.val_batches=2",

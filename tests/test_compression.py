@@ -13,8 +13,14 @@ import torch.multiprocessing as mp
 from test_sync import build, train_step
 
 from lowcomm.distributed.comm import Communicator
-from lowcomm.distributed.compression import (ChunkCodec, CompressedPseudoGradient, Compression, message_bytes, pack,
-                                             unpack)
+from lowcomm.distributed.compression import (
+    ChunkCodec,
+    CompressedPseudoGradient,
+    Compression,
+    message_bytes,
+    pack,
+    unpack,
+)
 from lowcomm.distributed.options import sync_options
 
 K = 4

@@ -3,14 +3,23 @@ import math
 
 import pytest
 import torch
+from test_train import SMOKE
 
 from lowcomm import data
 from lowcomm.config import load_config
-from lowcomm.data import (DataConfig, DataUnavailable, PackedSequences, StreamingPacked, held_out_documents,
-                          offline_split, ShardSampler, smollm_mixture, smollm_validation_texts, train_bpe)
-from lowcomm.train import train
-
-from test_train import SMOKE
+from lowcomm.data import (
+    DataConfig,
+    DataUnavailable,
+    PackedSequences,
+    ShardSampler,
+    StreamingPacked,
+    held_out_documents,
+    offline_split,
+    smollm_mixture,
+    smollm_validation_texts,
+    train_bpe,
+)
+from lowcomm.training.train import train
 
 
 @pytest.fixture(scope="module")

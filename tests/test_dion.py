@@ -10,8 +10,12 @@ import torch
 from lowcomm.distributed.comm import Communicator
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import Dion, MuonAdamW, build_optimizer
-from lowcomm.optim.dion import next_rank, orthonormalize, orthonormalize_all, rank_bounds
-
+from lowcomm.optim.dion import (
+    next_rank,
+    orthonormalize,
+    orthonormalize_all,
+    rank_bounds,
+)
 
 # ------------------------------------------------------------------ the slow reference (spec equations, float64)
 

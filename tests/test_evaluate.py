@@ -13,9 +13,15 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 from torch import nn
 
-from lowcomm import eval_tasks
 from lowcomm.data import EOS, bible_passages, offline_split, train_bpe
-from lowcomm.evaluate import LowcommLM, evaluate_run_dir, main, run_lm_eval, task_scores
+from lowcomm.eval import tasks as eval_tasks
+from lowcomm.eval.evaluate import (
+    LowcommLM,
+    evaluate_run_dir,
+    main,
+    run_lm_eval,
+    task_scores,
+)
 from lowcomm.model import ModelConfig, Transformer
 
 WINDOW = 16

@@ -11,12 +11,19 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from lowcomm import experiment
 from lowcomm.config import ConfigError
-from lowcomm.experiment import (compare_to_reference, config_difference, experiment_grid, load_spec,
-                                provenance_problems, resolved_config, stale_reason)
-from lowcomm.stats import sample_std, within_reference
-from lowcomm.wallclock import step_time, steps_to_reach
+from lowcomm.repro import experiment
+from lowcomm.repro.experiment import (
+    compare_to_reference,
+    config_difference,
+    experiment_grid,
+    load_spec,
+    provenance_problems,
+    resolved_config,
+    stale_reason,
+)
+from lowcomm.repro.stats import sample_std, within_reference
+from lowcomm.repro.wallclock import step_time, steps_to_reach
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = """

@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_train import SMOKE
 
 from lowcomm.config import load_config
-from lowcomm.train import main, train, validate
-
-from test_train import SMOKE
+from lowcomm.training.train import main, train, validate
 
 
 def strict_json(path: Path) -> dict:
@@ -61,8 +60,8 @@ def workers_by_rank(pid: int) -> list[int]:
 
 
 def start_run(out_dir: Path, *overrides: str) -> subprocess.Popen:
-    """`python -m lowcomm.train` on the smoke config in its own session (a process group, as in a terminal)."""
-    args = [sys.executable, "-m", "lowcomm.train", *SMOKE, f"run.out_dir={out_dir}", "run.name=run", *overrides]
+    """`python -m lowcomm.training.train` on the smoke config in its own session (a process group, as in a terminal)."""
+    args = [sys.executable, "-m", "lowcomm.training.train", *SMOKE, f"run.out_dir={out_dir}", "run.name=run", *overrides]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

@@ -1,5 +1,5 @@
 """The paper's tasks through lm-eval's own definitions on local files: items written here in each dataset's schema,
-scored by `python -m lowcomm.evaluate` with the including YAMLs, against a direct computation of every choice's
+scored by `python -m lowcomm.eval.evaluate` with the including YAMLs, against a direct computation of every choice's
 log-likelihood with the prompt written out by hand from the task's definition (acc and acc_norm, to the item)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lowcomm import local_tasks
-from lowcomm.evaluate import LowcommLM, main
+from lowcomm.eval import local_tasks
+from lowcomm.eval.evaluate import LowcommLM, main
 
 ARC = [{"id": "a1", "question": "Which of these is a source of light?",
         "choices": {"text": ["the sun", "a stone", "the moon at noon"], "label": ["A", "B", "C"]}, "answerKey": "A"},
@@ -122,7 +122,7 @@ def test_paper_tasks_score_the_local_items_as_a_direct_computation(run_dir, loca
 
 def test_the_prompt_is_the_tasks_own(run_dir, local_data, tmp_path):
     """The including YAML keeps lm-eval's template: the requests lm-eval builds carry the hand-written prompts."""
-    from lowcomm.eval_tasks import load_tasks
+    from lowcomm.eval.tasks import load_tasks
 
     local_tasks.write_task_yamls(local_data, tmp_path)
     _, loaded, _ = load_tasks(["hellaswag_local", "mmlu_anatomy_local"], tmp_path)

@@ -10,7 +10,13 @@ from torch import nn
 
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import LowRankAdam, build_optimizer, param_groups
-from lowcomm.optim.projection import lift, principal_angles, project, projection_side, top_basis
+from lowcomm.optim.projection import (
+    lift,
+    principal_angles,
+    project,
+    projection_side,
+    top_basis,
+)
 
 BETAS = (0.9, 0.95)
 

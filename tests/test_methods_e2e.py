@@ -4,11 +4,10 @@ import csv
 import json
 
 import pytest
+from test_train import SMOKE
 
 from lowcomm.config import METHODS_DIR, load_config
-from lowcomm.train import train
-
-from test_train import SMOKE
+from lowcomm.training.train import train
 
 METHODS = sorted(p.stem for p in METHODS_DIR.glob("*.yaml"))
 

@@ -3,7 +3,14 @@ import math
 import pytest
 import torch
 
-from lowcomm.model import SIZES, Transformer, apply_rope, model_config, parameter_count, rope_tables
+from lowcomm.model import (
+    SIZES,
+    Transformer,
+    apply_rope,
+    model_config,
+    parameter_count,
+    rope_tables,
+)
 
 
 def test_causality_future_token_does_not_change_past_logits():

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
-
 from test_train import SMOKE
 
 README = Path(__file__).resolve().parents[1] / "README.md"

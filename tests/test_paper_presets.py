@@ -7,12 +7,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lowcomm import report
-from lowcomm.experiment import experiment_grid, load_spec, resolved_config
 from lowcomm.model import Transformer, model_config_from
 from lowcomm.optim import build_optimizer
-from lowcomm.tables import dion_rank
-from lowcomm.train import validate
+from lowcomm.repro.definitions import definitions
+from lowcomm.repro.experiment import experiment_grid, load_spec, resolved_config
+from lowcomm.repro.tables import dion_rank
+from lowcomm.training.train import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_SIZES = {"lordo-16m", "lordo-125m", "lordo-720m", "gpt2-45m", "llama3-320m"}
@@ -28,7 +28,7 @@ def lowrank_rank(cfg) -> int:
     return optimizer.param_groups[0]["rank"]
 
 
-@pytest.mark.parametrize("name", report.EXPERIMENTS)
+@pytest.mark.parametrize("name", [d.name for d in definitions().values() if "paper" in load_spec(d.config).presets])
 def test_paper_preset_is_complete_and_builds_on_the_meta_device(name, monkeypatch):
     monkeypatch.chdir(ROOT)
     spec = load_spec(ROOT / "experiments" / name / "config.yaml")

@@ -5,9 +5,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lowcomm import report
-from lowcomm.report import NOT_REPRODUCED, NOT_TESTABLE, PENDING, REPRODUCED, Stored
-from lowcomm.stats import EQUIVALENT, INCONCLUSIVE
+from lowcomm.repro import report
+from lowcomm.repro.definitions import with_claims
+from lowcomm.repro.report import (
+    NOT_REPRODUCED,
+    NOT_TESTABLE,
+    PENDING,
+    REPRODUCED,
+    Stored,
+)
+from lowcomm.repro.stats import EQUIVALENT, INCONCLUSIVE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,8 +31,8 @@ def test_readme_sections_are_generated_from_the_stored_results():
 
 
 def test_without_stored_tables_every_claim_is_pending(tmp_path):
-    for name in report.EXPERIMENTS:
-        claims = report.CLAIMS[name](Stored(tmp_path, name))
+    for name in (d.name for d in with_claims()):
+        claims = report.claims_of(name, Stored(tmp_path, name))
         assert claims and {c.verdict for c in claims} == {PENDING}, name
     assert "The cpu run is pending: `make rank_sweep OUT=results`" in report.experiment_section(tmp_path, "rank_sweep")
     assert "The cpu run is pending: `make table3 OUT=results`" in report.readme_section(tmp_path)

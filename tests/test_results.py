@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from lowcomm import results
 from lowcomm.config import ConfigError, load_config
-from lowcomm.results import RunDirectory, completed_record, last_checkpoint
+from lowcomm.training import run_dir as results
+from lowcomm.training.run_dir import RunDirectory, completed_record, last_checkpoint
 
 
 def test_a_directory_holding_another_run_is_refused_unless_overwrite(tmp_path):

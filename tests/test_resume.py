@@ -5,11 +5,10 @@ import json
 
 import pytest
 import torch
+from test_train import SMOKE
 
 from lowcomm.config import ConfigError, load_config
-from lowcomm.train import train, validate
-
-from test_train import SMOKE
+from lowcomm.training.train import train, validate
 
 
 def losses(run_dir):

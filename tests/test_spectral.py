@@ -4,7 +4,11 @@ import math
 
 import torch
 
-from lowcomm.optim.spectral import dual_ky_fan_factor, effective_rank, factor_singular_values
+from lowcomm.optim.spectral import (
+    dual_ky_fan_factor,
+    effective_rank,
+    factor_singular_values,
+)
 
 
 def orthonormal(rows, cols, seed):

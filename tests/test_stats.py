@@ -5,7 +5,15 @@ import math
 import pytest
 from scipy import stats as sp
 
-from lowcomm.stats import EQUIVALENT, HIGHER, INCONCLUSIVE, LOWER, TOO_FEW, paired_difference, sample_std
+from lowcomm.repro.stats import (
+    EQUIVALENT,
+    HIGHER,
+    INCONCLUSIVE,
+    LOWER,
+    TOO_FEW,
+    paired_difference,
+    sample_std,
+)
 
 
 def t_interval(d: list[float]) -> tuple[float, float]:

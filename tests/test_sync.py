@@ -12,13 +12,17 @@ import pytest
 import torch
 
 from lowcomm.config import METHODS_DIR, load_config
-from lowcomm.distributed.accounting import analytic_bytes_at, param_shapes
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.options import METHODS as METHOD_TABLE
 from lowcomm.distributed.options import sync_options
-from lowcomm.distributed.sync import MomentAverage, PseudoGradientSync, build_sync_engine
+from lowcomm.distributed.sync import (
+    MomentAverage,
+    PseudoGradientSync,
+    build_sync_engine,
+)
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
+from lowcomm.repro.accounting import analytic_bytes_at, param_shapes
 
 RANK = 4
 K = 4

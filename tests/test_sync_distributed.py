@@ -11,12 +11,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_sync import METHODS, analytic_options, bases, batch, build, train_step
 
-from lowcomm.distributed.accounting import analytic_bytes_at, param_shapes, setup_bytes
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.sync import build_sync_engine
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
 from lowcomm.optim.projection import principal_angles, projection_side, top_basis
+from lowcomm.repro.accounting import analytic_bytes_at, param_shapes, setup_bytes
 
 WORLD = 2
 K = 4

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from lowcomm.tables import RunResult, build_tables, per_run_frame, summarize
+from lowcomm.repro.tables import RunResult, build_tables, per_run_frame, summarize
 
 CONFIG = {"data": {"batch_size": 4, "context": 10}, "train": {"devices": 2, "num_nodes": 1},
           "sync": {"name": "lordo", "sync_every": 4}, "optim": {"name": "lordo_local_step"}, "model": {"size": "smoke"}}

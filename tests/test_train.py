@@ -7,12 +7,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lowcomm import data, experiment
-from lowcomm.checks import check_devices
+from lowcomm import data
 from lowcomm.config import ConfigError, load_config
 from lowcomm.data import DataUnavailable
-from lowcomm.results import RunDirectory
-from lowcomm.train import check_environment, main, train, validate
+from lowcomm.repro import experiment
+from lowcomm.training.run_dir import RunDirectory
+from lowcomm.training.train import check_environment, main, train, validate
+from lowcomm.training.validation import check_devices
 
 SMOKE = ["model.size=smoke", "data.vocab_size=512", "data.context=64", "data.batch_size=8", "data.val_batches=4",
          "train.devices=2", "train.steps=30", "train.warmup=5", "train.val_every=15", "train.log_every=5",
@@ -171,4 +172,4 @@ def test_experiment_help_prints_the_usage(capsys):
     with pytest.raises(SystemExit) as exit_:
         experiment.main(["--help"])
     assert exit_.value.code == 0
-    assert "python -m lowcomm.experiment" in capsys.readouterr().out
+    assert "python -m lowcomm.repro.experiment" in capsys.readouterr().out

@@ -11,10 +11,15 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from lowcomm import tuning
 from lowcomm.config import ConfigError
-from lowcomm.experiment import experiment_grid, load_spec, resolved_config, run_method
-from lowcomm.tuning import choose, tuned_file, tuned_overrides
+from lowcomm.repro import tuning
+from lowcomm.repro.experiment import (
+    experiment_grid,
+    load_spec,
+    resolved_config,
+    run_method,
+)
+from lowcomm.repro.tuning import choose, tuned_file, tuned_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "experiments").glob("*/config.yaml") if "runs" in yaml.safe_load(p.read_text()))
@@ -85,7 +90,7 @@ def test_the_tuned_file_takes_each_methods_latest_stage_and_leaves_out_edges():
 
 
 def test_lr_sweep_smoke_keeps_a_diverged_run_as_a_result(tmp_path):
-    from lowcomm.experiment import run_experiment
+    from lowcomm.repro.experiment import run_experiment
 
     out = run_experiment(ROOT / "experiments" / "lr_sweep" / "config.yaml", "smoke", tmp_path,
                          extra=["optim.lr=1e6", "train.clip=0"])  # every point diverges
@@ -112,7 +117,7 @@ def test_beta_sweep_forms_resolve_to_the_published_pairs(tuned, tmp_path):
 def test_the_code_form_is_compared_with_the_summary_forms_beta_one():
     from test_tables import run
 
-    from lowcomm.tables import build_tables
+    from lowcomm.repro.tables import build_tables
 
     results = [run(f"{m}_beta{b}", s, [8.0, 5.0 + b / 10], method=m, sweep=b)
                for m, betas in (("dion_summary", (0.1, 1.0)), ("dion_code", (0.1,))) for b in betas for s in (1, 2, 3)]

@@ -15,9 +15,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from .data import DataConfig
-
-METHODS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "methods"
+from lowcomm.data import DataConfig
+from lowcomm.paths import METHODS_DIR
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .comm import Communicator
+from lowcomm.distributed.comm import Communicator
 
 BITS = (2, 4, 8, 32)
 ROUNDINGS = ("nearest", "stochastic")

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .compression import BITS, MAX_CHUNK, ROUNDINGS, Compression
+from lowcomm.distributed.compression import BITS, MAX_CHUNK, ROUNDINGS, Compression
 
 
 @dataclass(frozen=True)

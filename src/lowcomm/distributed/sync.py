@@ -23,10 +23,10 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from ..optim.projection import principal_angles
-from .comm import KINDS, Communicator
-from .compression import CompressedPseudoGradient, Compression
-from .options import Method, SyncOptions, sync_options
+from lowcomm.distributed.comm import KINDS, Communicator
+from lowcomm.distributed.compression import CompressedPseudoGradient, Compression
+from lowcomm.distributed.options import Method, SyncOptions, sync_options
+from lowcomm.optim.projection import principal_angles
 
 
 def lowrank_groups(optimizer: torch.optim.Optimizer) -> list[dict]:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .groups import param_groups
-from .registry import register
+from lowcomm.optim.groups import param_groups
+from lowcomm.optim.registry import register
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from ..distributed.comm import Communicator
-from .adamw import AdamWPart
-from .groups import param_groups
-from .projection import top_basis
-from .registry import register
-from .spectral import dual_ky_fan_factor, effective_rank
+from lowcomm.optim.adamw import AdamWPart
+from lowcomm.optim.collective import AllReduce
+from lowcomm.optim.groups import param_groups
+from lowcomm.optim.projection import top_basis
+from lowcomm.optim.registry import register
+from lowcomm.optim.spectral import dual_ky_fan_factor, effective_rank
 
 ALGORITHMS = ("dion", "adamw")
 NORMALIZATIONS = ("column", "qr")
@@ -189,7 +189,7 @@ class Dion(torch.optim.Optimizer):
     `adapt_every` steps follows next_rank() with rank_gamma, rank_ema and r_min. Q starts as N(0, 1) seeded by
     (seed, parameter position), identical on every rank. Group "names" label errors and spectral stats.
 
-    With a Communicator of M > 1 workers the optimizer synchronizes itself (do not all-reduce gradients
+    With an AllReduce (a Communicator) of M > 1 workers the optimizer synchronizes itself (do not all-reduce gradients
     outside it; every rank must give gradients to the same parameters): matrices with (m + n) r < m n
     exchange P and W, (m + n) r numbers; the other matrices and all AdamW parameters exchange gradients."""
 
@@ -200,7 +200,7 @@ class Dion(torch.optim.Optimizer):
                  weight_decay: float = 0.01, adaptive_rank: bool = False, adapt_every: int = 1,
                  rank_fraction_max: float | None = None, r_min: int = 16, rank_gamma: float = 2.0,
                  rank_ema: float = 0.9, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 adamw_lr: float | None = None, seed: int = 0, communicator: Communicator | None = None):
+                 adamw_lr: float | None = None, seed: int = 0, communicator: AllReduce | None = None):
         defaults = dict(algorithm="dion", lr=lr, mu=mu, ef_beta=ef_beta, rank_fraction=rank_fraction,
                         normalization=normalization, qr_method=qr_method, weight_decay=weight_decay,
                         adaptive_rank=adaptive_rank, adapt_every=adapt_every, rank_fraction_max=rank_fraction_max,
@@ -242,7 +242,7 @@ class Dion(torch.optim.Optimizer):
 
     # -- communication
 
-    def set_communicator(self, communicator: Communicator | None) -> None:
+    def set_communicator(self, communicator: AllReduce | None) -> None:
         """Synchronize over `communicator` from the next step on (None: single process)."""
         self.communicator = communicator
 

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .adamw import AdamWOptions, AdamWPart
-from .groups import hidden_matrices, param_groups
-from .projection import (
+from lowcomm.optim.adamw import AdamWOptions, AdamWPart
+from lowcomm.optim.groups import hidden_matrices, param_groups
+from lowcomm.optim.projection import (
     BASIS_METHODS,
     ROTATIONS,
     add_lifted,
@@ -33,7 +33,7 @@ from .projection import (
     rotate_moments,
     top_basis,
 )
-from .registry import register
+from lowcomm.optim.registry import register
 
 ALGORITHMS = ("lowrank", "adamw")
 QH_DENOMINATORS = ("rank_mean", "lift", "scalar")

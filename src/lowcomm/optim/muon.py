@@ -11,9 +11,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .adamw import AdamWPart
-from .groups import param_groups
-from .registry import register
+from lowcomm.optim.adamw import AdamWPart
+from lowcomm.optim.groups import param_groups
+from lowcomm.optim.registry import register
 
 
 class MuonAdamW(torch.optim.Optimizer):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 
-WORKER_MODULES = ["lowcomm.train", "lowcomm.lightning.module", "lowcomm.lightning.strategy"]
+WORKER_MODULES = ["lowcomm.training.train", "lowcomm.training.lightning.module", "lowcomm.training.lightning.strategy"]
 
 
 def start_worker_server() -> None:

@@ -4,7 +4,7 @@ in here): paper_figures/<experiment>_<preset>.png and .pdf.
 Reads results/<experiment>/<preset>/table.csv (which names each row's runs), the runs' metrics.csv and record.json,
 and for `communication` also results/communication/analytic.csv. Bands are the min-max over seeds.
 
-    python paper_figures/make_figures.py [results_dir] [out_dir]
+    python -m lowcomm.repro.figures [results_dir] [out_dir]
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+
+from lowcomm.repro.definitions import definitions  # noqa: E402
 
 ANGLE_FLOOR = 1e-7  # angles below this (exact zeros included) are drawn at it on the log scale
 BAND = ("pi", 100)  # min-max over seeds
@@ -216,27 +218,28 @@ def draw_communication(fig, preset_dir: Path) -> None:
                             f"{largest['size'].iloc[0]}, latency {analytic['latency_s'].iloc[0]:g} s")
 
 
-DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {
-    "table3_main": (draw_methods, (11, 4)),
-    "stagnation_ablation": (draw_stagnation, (16, 4.5)),
-    "rank_sweep": (draw_rank_sweep, (6, 4)),
-    "batch_size_sensitivity": (draw_batch_sweep, (6, 4)),
-    "nu_measurement": (draw_nu, (11, 4)),
-    "beta_sweep": (draw_beta, (6, 4)),
-    "orthdion_convergence": (draw_convergence, (6, 4)),
-    "communication": (draw_communication, (12, 4.5)),
-    "spectral_local_steps": (draw_spectral, (11, 4)),
-    "lr_sweep": (draw_lr_sweep, (7, 4.5)),
-}
-
-
 def draw_loss_only(fig, preset_dir: Path) -> None:
     validation_panel(fig.subplots(), preset_dir)
 
 
+DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {  # an experiment's `report.figure` names one
+    "methods": (draw_methods, (11, 4)),
+    "stagnation": (draw_stagnation, (16, 4.5)),
+    "rank_sweep": (draw_rank_sweep, (6, 4)),
+    "batch_sweep": (draw_batch_sweep, (6, 4)),
+    "nu": (draw_nu, (11, 4)),
+    "beta": (draw_beta, (6, 4)),
+    "convergence": (draw_convergence, (6, 4)),
+    "communication": (draw_communication, (12, 4.5)),
+    "spectral": (draw_spectral, (11, 4)),
+    "lr_sweep": (draw_lr_sweep, (7, 4.5)),
+    "loss": (draw_loss_only, (6, 4)),
+}
+
+
 def draw(preset_dir: Path, out: Path) -> None:
     """The experiment's figure as out.png and out.pdf (stable bytes: no creation date)."""
-    function, size = DRAW.get(preset_dir.parent.name, (draw_loss_only, (6, 4)))
+    function, size = DRAW[definitions()[preset_dir.parent.name].figure]
     fig = plt.figure(figsize=size)
     function(fig, preset_dir)
     for ax in fig.axes:

@@ -22,9 +22,9 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from omegaconf import DictConfig, OmegaConf
 
-from ..distributed.comm import Communicator
-from ..distributed.sync import SyncEngine, build_sync_engine
-from .launcher import SupervisedLauncher
+from lowcomm.distributed.comm import Communicator
+from lowcomm.distributed.sync import SyncEngine, build_sync_engine
+from lowcomm.training.lightning.launcher import SupervisedLauncher
 
 
 @dataclass

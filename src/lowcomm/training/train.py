@@ -1,4 +1,4 @@
-"""`python -m lowcomm.train <config.yaml> key=value ...`: one training run -> one run directory.
+"""`python -m lowcomm.training.train <config.yaml> key=value ...`: one training run -> one run directory.
 
 The config is validated (keys, model, optimizer and its fit to the sync method, data, devices, the checkpoint to
 resume from) before any process starts. Exit status: 0 complete, 1 an error or a diverged run, 130 / 143 a run
@@ -16,14 +16,25 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .checks import check_devices, check_hub, check_launch, check_resume, optimizer_message
-from .config import ConfigError, load_config, method_preset
-from .data import OFFLINE_VOCAB_LIMIT, DataUnavailable, offline_streams, require_package
-from .distributed.options import sync_options
-from .distributed.sync import check_optimizer
-from .model import Transformer, model_config_from
-from .optim import build_optimizer
-from .quiet import quiet_libraries
+from lowcomm.config import ConfigError, load_config, method_preset
+from lowcomm.data import (
+    OFFLINE_VOCAB_LIMIT,
+    DataUnavailable,
+    offline_streams,
+    require_package,
+)
+from lowcomm.distributed.options import sync_options
+from lowcomm.distributed.sync import check_optimizer
+from lowcomm.model import Transformer, model_config_from
+from lowcomm.optim import build_optimizer
+from lowcomm.quiet import quiet_libraries
+from lowcomm.training.validation import (
+    check_devices,
+    check_hub,
+    check_launch,
+    check_resume,
+    optimizer_message,
+)
 
 # fp32 master weights throughout (low-rank optimizers require them): full precision or autocast
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
@@ -138,7 +149,7 @@ def starts_workers(cfg: DictConfig) -> bool:
 def build_strategy(cfg: DictConfig):
     """The SyncStrategy over gloo (CPU) or NCCL (GPU), on workers it starts itself, in this process (one worker),
     or on processes started by torchrun / SLURM (one per device)."""
-    from .lightning.strategy import SyncStrategy
+    from lowcomm.training.lightning.strategy import SyncStrategy
 
     t = cfg.train
     return SyncStrategy(
@@ -170,7 +181,7 @@ def ended(outcome: dict, cfg: DictConfig, run_dir: Path) -> RunEnded:
 
 def failed(cfg: DictConfig, run_dir: Path, failures: dict[int, str], received: int | None) -> RunEnded:
     """A run whose workers failed (or were killed after an interrupt): record it (rank 0) and say so in one line."""
-    from .results import RunDirectory, environment, last_checkpoint
+    from lowcomm.training.run_dir import RunDirectory, environment, last_checkpoint
 
     world = cfg.train.devices * cfg.train.num_nodes
     checkpoint = str(last_checkpoint(run_dir, world) or cfg.run.resume_from or "") or None
@@ -190,23 +201,28 @@ def train(cfg: DictConfig) -> Path:
     """Validate, prepare data, train with Lightning over train.devices x train.num_nodes workers; return the run
     directory of a complete run, else raise RunEnded (interrupted, diverged, a worker failed)."""
     environ = dict(os.environ)  # Lightning sets PL_GLOBAL_SEED, MASTER_PORT, LOCAL_RANK, ... in this process
-    from .lightning.workers import start_worker_server
+    from lowcomm.training.lightning.workers import start_worker_server
 
     if starts_workers(cfg):
         start_worker_server()  # its imports overlap with this function's until the workers start
     validate(cfg)
     check_environment(cfg)
-    from .results import RunDirectory
+    from lowcomm.training.run_dir import RunDirectory
 
     run_dir = Path(cfg.run.out_dir) / run_name(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         RunDirectory(run_dir).check_free(cfg.run.overwrite)  # before the corpus is read
     import lightning as L
+    from lightning.pytorch.callbacks import TQDMProgressBar
 
     quiet_libraries()
 
-    from .lightning.launcher import WorkerFailed, collective_error, is_collective_failure
-    from .lightning.module import LanguageModelTask
+    from lowcomm.training.lightning.launcher import (
+        WorkerFailed,
+        collective_error,
+        is_collective_failure,
+    )
+    from lowcomm.training.lightning.module import LanguageModelTask
 
     # the offline corpus is tokenized (or read from its cache) once, here, and shared with the workers
     offline_tokens = offline_streams(cfg.data.vocab_size)[:2] if cfg.data.corpus == "offline" else None
@@ -228,6 +244,7 @@ def train(cfg: DictConfig) -> Path:
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=t.progress_bar,
+        callbacks=[TQDMProgressBar()] if t.progress_bar else [],  # tqdm's bar, whether or not rich is installed
         enable_model_summary=False,
         num_sanity_val_steps=0,
         use_distributed_sampler=False,

@@ -1,4 +1,4 @@
-"""`python -m lowcomm.evaluate RUN_DIR_OR_MODEL_PT --tasks T1,T2 [--include-path DIR] [--limit N] [--batch-size B]
+"""`python -m lowcomm.eval.evaluate RUN_DIR_OR_MODEL_PT --tasks T1,T2 [--include-path DIR] [--limit N] [--batch-size B]
 [--output results.json] [--device D]`: lm-evaluation-harness on a trained model.
 
 `LowcommLM` (registered with lm-eval as `lowcomm`) is an lm_eval TemplateLM over our Transformer and its tokenizer,
@@ -20,15 +20,32 @@ import torch.nn.functional as F
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+from lm_eval.models.utils import (
+    Collator,
+    handle_stop_sequences,
+    normalize_gen_kwargs,
+    postprocess_generated_text,
+)
 from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
-from .data import EOS, SMOLLM_TOKENIZER, DataUnavailable, load_tokenizer, offline_tokenizer
-from .eval_tasks import NEEDS_HUB, OFFLINE_TASK, PAPER_TASKS, TaskUnavailable, load_tasks
-from .model import ModelConfig, Transformer
-from .quiet import no_progress_bars, quiet_libraries
+from lowcomm.data import (
+    EOS,
+    SMOLLM_TOKENIZER,
+    DataUnavailable,
+    load_tokenizer,
+    offline_tokenizer,
+)
+from lowcomm.eval.tasks import (
+    NEEDS_HUB,
+    OFFLINE_TASK,
+    PAPER_TASKS,
+    TaskUnavailable,
+    load_tasks,
+)
+from lowcomm.model import ModelConfig, Transformer
+from lowcomm.quiet import no_progress_bars, quiet_libraries
 
 
 class EvaluationError(ValueError):
@@ -279,7 +296,7 @@ def evaluate_run_dir(run_dir: str | Path, tasks: tuple[str, ...] | list[str] = (
 # ---------------------------------------------------------------- command line
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m lowcomm.evaluate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lowcomm.eval.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a run directory (with model.pt and config.yaml) or the model.pt inside one")
     parser.add_argument("--tasks", required=True, help=f"comma-separated lm-eval task names, e.g. {OFFLINE_TASK} "
                         f"(offline) or {','.join(PAPER_TASKS)} (need the hub)")

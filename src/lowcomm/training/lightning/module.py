@@ -12,13 +12,22 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from ..data import (SMOLLM_TOKENIZER, PackedSequences, ShardSampler, StreamingPacked, load_tokenizer, offline_streams,
-                    smollm_mixture, smollm_validation_texts, token_stream)
-from ..model import Transformer, model_config_from
-from ..optim import build_optimizer
-from ..results import RunDirectory, environment, last_checkpoint
-from ..schedule import lr_lambda
-from .stopping import SignalFlag, Stop, agree_on_stop
+from lowcomm.data import (
+    SMOLLM_TOKENIZER,
+    PackedSequences,
+    ShardSampler,
+    StreamingPacked,
+    load_tokenizer,
+    offline_streams,
+    smollm_mixture,
+    smollm_validation_texts,
+    token_stream,
+)
+from lowcomm.model import Transformer, model_config_from
+from lowcomm.optim import build_optimizer
+from lowcomm.schedule import lr_lambda
+from lowcomm.training.lightning.stopping import SignalFlag, Stop, agree_on_stop
+from lowcomm.training.run_dir import RunDirectory, environment, last_checkpoint
 
 
 def perplexity(loss: float) -> float:
@@ -132,7 +141,7 @@ class LanguageModelTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Besides the training state: the validation history, and the run config and world size that a resume
-        is checked against (lowcomm.checks.check_resume)."""
+        is checked against (lowcomm.training.validation.check_resume)."""
         checkpoint["val_history"] = self.val_history
         checkpoint["run_config"] = OmegaConf.to_container(self.cfg)
         checkpoint["world_size"] = self.trainer.world_size

@@ -1,5 +1,5 @@
-"""`python -m lowcomm.experiment experiments/<name>/config.yaml [preset] [--out DIR] [--seeds 0,1] [--force]
-[--tables-only] [key=value ...]`: run an experiment's grid (runs x sweep values x seeds) with `lowcomm.train` into
+"""`python -m lowcomm.repro.experiment experiments/<name>/config.yaml [preset] [--out DIR] [--seeds 0,1] [--force]
+[--tables-only] [key=value ...]`: run an experiment's grid (runs x sweep values x seeds) with `lowcomm.training.train` into
 <out>/<name>/<preset>/runs/<label>-s<seed>/, then aggregate the run records into <out>/<name>/<preset>/table.csv
 (one row per label; comparisons.csv where the table compares rows) and table.md. When <out> is not the stored
 results/, the table is printed beside the stored reference results/<name>/<preset>/ with a verdict per row.
@@ -18,20 +18,21 @@ An experiment config:
             sweep: [...], sweep_overrides: {<value>: [...]}}, ...]   # optional: this run's values, its overrides
     sweep: {key: <config key>, values: [...], tag: <label suffix>}   # optional: every run at every value
     keep_diverged: true                                              # optional: a diverged run is a result
-    table: {kind: <lowcomm.tables kind>, ...}                        # the kind's parameters
+    table: {kind: <lowcomm.repro.tables kind>, ...}                  # the kind's parameters
     downstream: [<lm-eval task>, ...]                                # optional: scored into each run's record
+    report: {order: ..., mirrors: ..., figure: ..., claims: ...}     # the index, figure and claims (repro.definitions)
 Every preset starts from the overrides of experiments/presets.yaml for its name. Overrides apply in the order
 presets.yaml, preset, tuned lrs, run, sweep value (with the preset's, then the run's sweep_overrides),
 run_overrides, command line, seed. With `tuned`, each run takes
 its method's tuned peak lr (`lr`) and, where its optimizer has one, the non-matrix lr (`adamw_lr`) from the file
-`python -m lowcomm.tuning` writes (lowcomm.tuning.tuned_overrides); the values go into the run's overrides and
+`python -m lowcomm.repro.tuning` writes (lowcomm.repro.tuning.tuned_overrides); the values go into the run's overrides and
 its stored config.
 
 A run is reused only when its record.json says `status: complete` (or `diverged`, with keep_diverged) and its
 stored config.yaml equals the run's resolved config (both on the optimizer's defaults); otherwise (or with --force)
 its directory is replaced by a new run. So an interrupted
 experiment resumes, and a changed config is rerun, never silently reused. With `downstream`, every run whose
-record has no scores for those tasks is evaluated (lowcomm.evaluate.evaluate_run_dir; hub tasks record "needs hub"
+record has no scores for those tasks is evaluated (lowcomm.eval.evaluate.evaluate_run_dir; hub tasks record "needs hub"
 when the hub cannot be reached).
 """
 
@@ -50,18 +51,24 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, load_config, with_defaults
-from .data import DataUnavailable
-from .optim import optimizer_options
-from .results import read_record
-from .stats import within_reference
-from .tables import RunResult, build_tables, compact_columns, downstream_sources, markdown
-from .train import RunEnded, train, validate
-from .tuning import tuned_overrides
+from lowcomm.config import ConfigError, load_config, with_defaults
+from lowcomm.data import DataUnavailable
+from lowcomm.optim import optimizer_options
+from lowcomm.paths import ROOT, SHARED_PRESETS
+from lowcomm.repro.stats import within_reference
+from lowcomm.repro.tables import (
+    RunResult,
+    build_tables,
+    compact_columns,
+    downstream_sources,
+    markdown,
+)
+from lowcomm.repro.tuning import tuned_overrides
+from lowcomm.training.run_dir import read_record
+from lowcomm.training.train import RunEnded, train, validate
 
 RESULTS = Path("results")
-SHARED_PRESETS = Path(__file__).resolve().parents[2] / "experiments" / "presets.yaml"
-SPEC_KEYS = {"name", "base", "presets", "runs", "sweep", "table", "downstream", "keep_diverged"}
+SPEC_KEYS = {"name", "base", "presets", "runs", "sweep", "table", "downstream", "keep_diverged", "report"}
 PRESET_KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides", "run_sweep", "tuned"}
 
 
@@ -300,7 +307,9 @@ def evaluate_downstream(run_dir: Path, tasks: list[str]) -> None:
     """Score the run's model on the tasks its record has no scores for (none: nothing to do)."""
     missing = [t for t in tasks if t not in read_record(run_dir).get("downstream", {})]
     if missing:
-        from .evaluate import evaluate_run_dir  # lm-eval is imported only when an experiment asks for it
+        from lowcomm.eval.evaluate import (
+            evaluate_run_dir,  # lm-eval is imported only when an experiment asks for it
+        )
 
         evaluate_run_dir(run_dir, tasks=missing)
 
@@ -316,7 +325,7 @@ def write_tables(tables: dict[str, pd.DataFrame], kind: str, out_dir: Path) -> N
 def commit_exists(commit: str) -> bool:
     """Whether `commit` (a record's git_commit, '-dirty' allowed) is a commit of this repository."""
     sha = commit.removesuffix("-dirty")
-    found = subprocess.run(["git", "cat-file", "-e", f"{sha}^{{commit}}"], cwd=Path(__file__).resolve().parents[2],
+    found = subprocess.run(["git", "cat-file", "-e", f"{sha}^{{commit}}"], cwd=ROOT,
                            capture_output=True)
     return sha != "unknown" and found.returncode == 0
 

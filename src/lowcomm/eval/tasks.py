@@ -14,9 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .quiet import no_progress_bars
+from lowcomm.paths import TASKS_DIR
+from lowcomm.quiet import no_progress_bars
 
-TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
 OFFLINE_TASK = "heldout_passage_ending"
 PAPER_TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "mmlu")  # 0-shot, acc and acc_norm
 PAPER_TASK_FOLDERS = ("arc", "hellaswag", "piqa", "mmlu")  # where lm-eval's task tree defines them

@@ -28,12 +28,18 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from lightning.fabric.strategies.launchers.multiprocessing import _check_missing_main_guard, _disable_module_memory_sharing
-from lightning.pytorch.strategies.launchers.multiprocessing import _GlobalStateSnapshot, _MultiProcessingLauncher
+from lightning.fabric.strategies.launchers.multiprocessing import (
+    _check_missing_main_guard,
+    _disable_module_memory_sharing,
+)
+from lightning.pytorch.strategies.launchers.multiprocessing import (
+    _GlobalStateSnapshot,
+    _MultiProcessingLauncher,
+)
 from torch.multiprocessing import _prctl_pr_set_pdeathsig
 
-from ..quiet import quiet_libraries
-from .workers import start_worker_server
+from lowcomm.quiet import quiet_libraries
+from lowcomm.training.lightning.workers import start_worker_server
 
 COLLECTIVE_FAILED = 75  # a worker's exit status when one of its collectives failed or timed out
 

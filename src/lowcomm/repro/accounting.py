@@ -21,7 +21,7 @@ Optimizer state per worker (fp32), by the kinds the optimizers report:
   dion family  momentum pq, Q r min(p, q); AdamW moments of the rest
   K-step sync  anchor (every parameter), outer_momentum (every parameter, Nesterov outer step only)
 
-    python -m lowcomm.distributed.accounting [--steps N] [--out CSV]
+    python -m lowcomm.repro.accounting [--steps N] [--out CSV]
 prints the figures at every paper size with the paper's probable settings (r = d/8).
 """
 
@@ -36,12 +36,12 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from ..model import Transformer, model_config
-from ..optim.groups import hidden_matrices
-from ..optim.projection import check_rank, projected_shape, projection_side
-from ..wallclock import BANDWIDTHS_GBPS, LATENCY_S, step_time
-from .comm import wire_bytes
-from .options import sync_options
+from lowcomm.distributed.comm import wire_bytes
+from lowcomm.distributed.options import sync_options
+from lowcomm.model import Transformer, model_config
+from lowcomm.optim.groups import hidden_matrices
+from lowcomm.optim.projection import check_rank, projected_shape, projection_side
+from lowcomm.repro.wallclock import BANDWIDTHS_GBPS, LATENCY_S, step_time
 
 DION_METHODS = ("dion", "orth_dion")
 LOWRANK_METHODS = ("lowrank_ddp", "lordo", "lordo_global_noqh")
@@ -341,7 +341,7 @@ def write_rows(rows: list[dict[str, Any]], path: str) -> None:
     """The paper table as CSV, each row stamped with the code's commit and the settings it assumes."""
     import pandas as pd
 
-    from ..results import git_commit
+    from lowcomm.training.run_dir import git_commit
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     settings = dict(world_size=PAPER_WORLD_SIZE, sync_every=PAPER_SYNC_EVERY, lowrank_ddp_refresh=LOWRANK_DDP_REFRESH,

@@ -20,14 +20,15 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError
+from lowcomm.config import ConfigError
+from lowcomm.paths import ROOT
 
 STATUSES = ("complete", "interrupted", "diverged", "failed")
 
 
 def git_commit() -> str:
     """The repository's HEAD commit (with '-dirty' when tracked files differ), or 'unknown'."""
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "experiments"], cwd=root,

@@ -16,10 +16,16 @@ from urllib.parse import urlparse
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError
-from .data import SMOLLM_SOURCES, SMOLLM_TOKENIZER, DataUnavailable, hub_error, load_tokenizer
-from .model import model_config_from
-from .optim.registry import OPTIMIZERS
+from lowcomm.config import ConfigError
+from lowcomm.data import (
+    SMOLLM_SOURCES,
+    SMOLLM_TOKENIZER,
+    DataUnavailable,
+    hub_error,
+    load_tokenizer,
+)
+from lowcomm.model import model_config_from
+from lowcomm.optim.registry import OPTIMIZERS
 
 # torch.optim's messages, in the words of the config: (pattern, message)
 TORCH_OPTIM_MESSAGES = (
@@ -61,7 +67,10 @@ def check_devices(cfg: DictConfig) -> None:
 def check_launch(cfg: DictConfig) -> None:
     """Several nodes need a launcher (torchrun or SLURM) that started this process with the matching world size;
     every node must name the same run directory."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+    from lightning.fabric.plugins.environments import (
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+    )
 
     t = cfg.train
     launched = TorchElasticEnvironment.detect() or SLURMEnvironment.detect()
@@ -114,7 +123,7 @@ def check_resume(cfg: DictConfig) -> None:
     stored = checkpoint.get("run_config")
     if stored is None:
         raise ConfigError(f"run.resume_from={cfg.run.resume_from}: {path} holds no run config, so it was not written "
-                          "by lowcomm.train: start a new run without run.resume_from")
+                          "by lowcomm.training.train: start a new run without run.resume_from")
     now = OmegaConf.to_container(cfg)
     before_model = dataclasses.asdict(model_config_from(stored["model"]))
     then = {"method": stored.get("method"), **flat(before_model, "model"), **flat(stored["optim"], "optim"),

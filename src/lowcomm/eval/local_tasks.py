@@ -1,9 +1,9 @@
-"""`python -m lowcomm.local_tasks DATA_DIR --out TASK_DIR`: the paper's lm-eval tasks on local copies of their data.
+"""`python -m lowcomm.eval.local_tasks DATA_DIR --out TASK_DIR`: the paper's lm-eval tasks on local copies of their data.
 
 Each YAML written `include:`s lm-eval's installed task file, so the task keeps its own prompt template, choice
 list, target, document preprocessing (HellaSwag's `process_docs`) and metrics; it only points `dataset_path: json`
 at the local files. The task is named `<task>_local`, so every score says which data it came from. Then
-`python -m lowcomm.evaluate RUN --tasks arc_easy_local,hellaswag_local --include-path TASK_DIR`.
+`python -m lowcomm.eval.evaluate RUN --tasks arc_easy_local,hellaswag_local --include-path TASK_DIR`.
 
 DATA_DIR holds one folder per task, one JSON-lines file per split, rows in the dataset's own schema:
   arc_easy/test.jsonl, arc_challenge/test.jsonl    question, choices {text, label}, answerKey
@@ -117,7 +117,7 @@ def write_task_yamls(data_dir: Path, out_dir: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lowcomm.local_tasks", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lowcomm.eval.local_tasks", description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", type=Path, help="one folder per task, one <split>.jsonl per split")
     parser.add_argument("--out", type=Path, required=True, help="where to write the task YAMLs (--include-path)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     except LocalDataError as err:
         sys.exit(f"error: {err}")
     print(f"wrote {len(names)} task(s) to {args.out}: {', '.join(names)}")
-    print(f"evaluate with: python -m lowcomm.evaluate RUN --tasks {','.join(names)} --include-path {args.out}")
+    print(f"evaluate with: python -m lowcomm.eval.evaluate RUN --tasks {','.join(names)} --include-path {args.out}")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,14 @@
 Every table has one row per label (a configuration over its seeds): the mean over seeds of every numeric field of
 the records and of the features derived here, sample standard deviations of the key ones (`<column>_std`), the
 number of seeds, the runs and the commits they came from. Kinds that compare rows add comparisons.csv:
-a - b with the two-standard-deviation verdict of lowcomm.stats. Derived per run:
+a - b with the two-standard-deviation verdict of lowcomm.repro.stats. Derived per run:
   optimizer_state_bytes / error_feedback_bytes / anchor_bytes   the record's memory/* split as the paper counts it
   step_time_s            median over logged intervals of tokens per step / tokens per second (measured)
   collectives_per_step   collective calls per training step (comm/training_collectives / steps)
   nu_*_over_training, active_rank_share_over_training           from the logged metrics
   angle_*_over_syncs     largest principal angle between consecutive bases, at the sync steps (t % K == 0)
   probe_cosine_mean_over_syncs   mean cosine of Delta to the full-batch direction over the syncs (probe runs)
-Modeled columns follow lowcomm.wallclock and carry their parameters (bandwidth, latency) as columns.
+Modeled columns follow lowcomm.repro.wallclock and carry their parameters (bandwidth, latency) as columns.
 """
 
 from __future__ import annotations
@@ -24,15 +24,24 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .distributed.accounting import analytic_bytes_per_step, model_shapes, state_summary
-from .eval_tasks import OFFLINE_TASK
-from .local_tasks import LOCAL_SUFFIX
-from .model import Transformer, model_config_from
-from .optim.lowrank_adam import resolve_rank
-from .optim.registry import optimizer_options
-from .results import read_record
-from .stats import paired_difference, sample_std
-from .wallclock import BANDWIDTHS_GBPS, LATENCY_S, step_time, steps_to_reach
+from lowcomm.eval.local_tasks import LOCAL_SUFFIX
+from lowcomm.eval.tasks import OFFLINE_TASK
+from lowcomm.model import Transformer, model_config_from
+from lowcomm.optim.lowrank_adam import resolve_rank
+from lowcomm.optim.registry import optimizer_options
+from lowcomm.repro.accounting import (
+    analytic_bytes_per_step,
+    model_shapes,
+    state_summary,
+)
+from lowcomm.repro.stats import paired_difference, sample_std
+from lowcomm.repro.wallclock import (
+    BANDWIDTHS_GBPS,
+    LATENCY_S,
+    step_time,
+    steps_to_reach,
+)
+from lowcomm.training.run_dir import read_record
 
 KEY_STDS = ("final_val_loss", "final_val_ppl")
 
@@ -53,7 +62,7 @@ class RunResult:
 
     @classmethod
     def load(cls, run, run_dir: Path) -> "RunResult":
-        """The run directory of a grid run (lowcomm.experiment.GridRun)."""
+        """The run directory of a grid run (lowcomm.repro.experiment.GridRun)."""
         return cls(run.label, run.method, run.sweep_value, run.seed, run.name, read_record(run_dir),
                    OmegaConf.load(run_dir / "config.yaml"), pd.read_csv(run_dir / "metrics.csv"))
 
@@ -183,7 +192,7 @@ def _reach(curve: pd.Series, target: float) -> float:
 
 def add_modeled_times(table: pd.DataFrame, steps: pd.Series, bandwidths: list[float], latency_s: float,
                       name: str) -> None:
-    """Columns t_step_s_<bw>gbps and <name>_s_<bw>gbps = steps x t_step (lowcomm.wallclock), and the latency."""
+    """Columns t_step_s_<bw>gbps and <name>_s_<bw>gbps = steps x t_step (lowcomm.repro.wallclock), and the latency."""
     table["modeled_latency_s"] = latency_s
     for bw in bandwidths:
         t = [step_time(c, b, n, bw, latency_s) for c, b, n in
@@ -329,7 +338,7 @@ def model_shapes_of(cfg: DictConfig):
 
 
 def analytic_options(cfg: DictConfig) -> dict:
-    """The accounting options (lowcomm.distributed.accounting.analytic_events) of a run's resolved config: its sync
+    """The accounting options (lowcomm.repro.accounting.analytic_events) of a run's resolved config: its sync
     section with the low-rank optimizer's rank, or Dion's rank fraction for self-synchronizing optimizers."""
     opts = optimizer_options(OmegaConf.to_container(cfg.optim))
     if cfg.sync.name == "optimizer_sync":
@@ -433,7 +442,7 @@ def build_tables(params: dict, results: list[RunResult]) -> dict[str, pd.DataFra
 
 def downstream_sources(table: pd.DataFrame) -> str:
     """One line naming the data each downstream task ran on ('' without downstream columns): the offline task's
-    files in tasks/, a local copy (a `<task>_local` task of lowcomm.local_tasks), the hub, or none (needs hub)."""
+    files in tasks/, a local copy (a `<task>_local` task of lowcomm.eval.local_tasks), the hub, or none (needs hub)."""
     tasks = list(dict.fromkeys(c.split("/")[1] for c in table if c.startswith("downstream/")))
     if not tasks:
         return ""
