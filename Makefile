@@ -10,7 +10,7 @@ export LOWCOMM_VERBOSE := $(VERBOSE)
 DEFINED     := $(patsubst experiments/%/config.yaml,%,$(shell grep -l '^report:' experiments/*/config.yaml))
 EXPERIMENTS := $(filter-out $(patsubst experiments/%/config.yaml,%,$(shell grep -l '^  in_all: false' experiments/*/config.yaml)),$(DEFINED))
 
-.PHONY: install test train bench accounting table3 experiments $(DEFINED) tune figures report clean
+.PHONY: install test test-fast train bench accounting table3 experiments $(DEFINED) tune figures report clean
 
 install: $(STAMP)
 
@@ -25,6 +25,10 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(PY) -m pytest tests
+
+# The tests that start no worker processes (about a third of the suite's time).
+test-fast: install
+	$(PY) -m pytest tests -m "not slow"
 
 train: install
 	$(PY) -m lowcomm.training.train experiments/train/config.yaml

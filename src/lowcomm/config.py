@@ -51,6 +51,7 @@ class TrainSection:
     progress_bar: bool = True  # false: a progress line every log_every steps instead
     collective_timeout_s: float = 300.0  # a collective waiting longer than this for a peer ends the run
     compile: bool = False  # torch.compile the training loss (forward and backward; inductor, also on CPU)
+    link_rate_mbit: float = 0.0  # > 0: one worker per emulated node, links capped at this rate (needs root)
 
 
 @dataclass

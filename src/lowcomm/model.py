@@ -43,8 +43,9 @@ class ModelConfig:
             )
 
 
-# Named sizes. The paper sizes (lordo-*, gpt2-45m, llama3-320m) follow spec/lordo.md and spec/dion.md;
-# they are configured here but only their parameter counts are computed on CPU (meta device).
+# Named sizes. The paper sizes (lordo-*, gpt2-45m, llama3-320m) follow the papers (LoRDO arXiv 2602.04396,
+# Orth-Dion arXiv 2605.16341); they are configured here, but on CPU only their parameter counts are computed (meta
+# device).
 SIZES: dict[str, ModelConfig] = {
     "smoke": ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=2, max_context=64),
     "cpu": ModelConfig(vocab_size=4096, d_model=128, n_layers=4, n_heads=4, max_context=128),

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_sync import build, train_step
+from support import build, train_step
 
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.compression import (

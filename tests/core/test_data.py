@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from test_train import SMOKE
+from support import SMOKE
 
 from lowcomm import data
 from lowcomm.config import load_config

@@ -1,4 +1,5 @@
-"""Dion / Orth-Dion / Ada-Orth-Dion on one process: against a float64 reference written from spec/dion.md,
+"""Dion / Orth-Dion / Ada-Orth-Dion on one process: against a float64 reference written from the update rule in
+lowcomm.optim.dion's docstring,
 invariants (orthonormal Q, nu_t, descent), the rank controller, the zero-gradient guard, checkpoints."""
 
 import copy

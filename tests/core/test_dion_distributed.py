@@ -7,12 +7,15 @@ each replica keeps its own buffer until synchronize_for_checkpoint() averages th
 (m + n) r numbers per compressed matrix per step.
 """
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lowcomm.distributed.comm import Communicator
 from lowcomm.optim import Dion
+
+pytestmark = pytest.mark.slow  # trains with several worker processes
 
 WORLD = 2
 STEPS_BEFORE_SYNC = 3

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_sync import METHODS, analytic_options, bases, batch, build, train_step
+from support import METHODS, analytic_options, bases, batch, build, train_step
 
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.sync import build_sync_engine
@@ -17,6 +17,8 @@ from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
 from lowcomm.optim.projection import principal_angles, projection_side, top_basis
 from lowcomm.repro.accounting import analytic_bytes_at, param_shapes, setup_bytes
+
+pytestmark = pytest.mark.slow  # trains with several worker processes
 
 WORLD = 2
 K = 4

@@ -25,7 +25,7 @@ from lowcomm.repro.experiment import (
 from lowcomm.repro.stats import sample_std, within_reference
 from lowcomm.repro.wallclock import step_time, steps_to_reach
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = """
 name: demo
 base: experiments/base.yaml

@@ -30,7 +30,9 @@ from lowcomm.repro.experiment import (
     run_experiment,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # trains with several worker processes
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from lowcomm.repro import figures
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_figures_are_regenerated_from_committed_results(tmp_path):

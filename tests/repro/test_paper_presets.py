@@ -14,9 +14,9 @@ from lowcomm.repro.experiment import experiment_grid, load_spec, resolved_config
 from lowcomm.repro.tables import dion_rank
 from lowcomm.training.train import validate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER_SIZES = {"lordo-16m", "lordo-125m", "lordo-720m", "gpt2-45m", "llama3-320m"}
-# The ranks the papers use (spec/dion.md: r in {96, 192, 384} on Llama-3 320M, r = 64 on GPT-2 45M; spec/lordo.md:
+# The ranks the papers use (Orth-Dion: r in {96, 192, 384} on Llama-3 320M, r = 64 on GPT-2 45M; LoRDO:
 # r = d/8, 96 at 125M and 32 at 16M).
 RANKS = {"table3_main": {96}, "stagnation_ablation": {32}, "nu_measurement": {96, 192, 384},
          "orthdion_convergence": {192}, "beta_sweep": {64}}

@@ -16,7 +16,7 @@ from lowcomm.repro.report import (
 )
 from lowcomm.repro.stats import EQUIVALENT, INCONCLUSIVE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def comparison(a: str, b: str, verdict: str, metric: str = "final_val_loss", diff: float = 0.1) -> dict:
@@ -35,7 +35,8 @@ def test_without_stored_tables_every_claim_is_pending(tmp_path):
         claims = report.claims_of(name, Stored(tmp_path, name))
         assert claims and {c.verdict for c in claims} == {PENDING}, name
     assert "The cpu run is pending: `make rank_sweep OUT=results`" in report.experiment_section(tmp_path, "rank_sweep")
-    assert "The cpu run is pending: `make table3 OUT=results`" in report.readme_section(tmp_path)
+    assert "- [table3_main](experiments/table3_main/README.md): pending (`make table3 OUT=results`)" in \
+        report.readme_section(tmp_path)
 
 
 def write_table3(root: Path, verdicts: dict[tuple[str, str], str]) -> None:

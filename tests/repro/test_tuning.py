@@ -21,7 +21,7 @@ from lowcomm.repro.experiment import (
 )
 from lowcomm.repro.tuning import choose, tuned_file, tuned_overrides
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for p in (ROOT / "experiments").glob("*/config.yaml") if "runs" in yaml.safe_load(p.read_text()))
 METHODS = sorted(p.stem for p in (ROOT / "experiments" / "methods").glob("*.yaml"))
 

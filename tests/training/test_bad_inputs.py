@@ -14,7 +14,7 @@ from lowcomm.repro import experiment
 from lowcomm.training import train
 from lowcomm.training.run_dir import RunDirectory
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["model.size=smoke", "data.vocab_size=512", "data.context=64", "data.batch_size=4", "data.val_batches=2",
          "train.devices=1", "train.steps=8", "train.warmup=2", "train.val_every=8", "sync.sync_every=8"]
 

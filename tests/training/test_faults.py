@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_train import SMOKE
+from support import SMOKE
 
 from lowcomm.config import load_config
 from lowcomm.training.train import main, train, validate
+
+pytestmark = pytest.mark.slow  # trains with several worker processes
 
 
 def strict_json(path: Path) -> dict:

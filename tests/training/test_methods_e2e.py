@@ -4,10 +4,12 @@ import csv
 import json
 
 import pytest
-from test_train import SMOKE
+from support import SMOKE
 
 from lowcomm.config import METHODS_DIR, load_config
 from lowcomm.training.train import train
+
+pytestmark = pytest.mark.slow  # trains with several worker processes
 
 METHODS = sorted(p.stem for p in METHODS_DIR.glob("*.yaml"))
 

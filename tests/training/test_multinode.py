@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
-from test_train import SMOKE
+from support import SMOKE
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+pytestmark = pytest.mark.slow  # trains with several worker processes
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_commands(program: str) -> list[str]:

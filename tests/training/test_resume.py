@@ -5,10 +5,12 @@ import json
 
 import pytest
 import torch
-from test_train import SMOKE
+from support import SMOKE
 
 from lowcomm.config import ConfigError, load_config
 from lowcomm.training.train import train, validate
+
+pytestmark = pytest.mark.slow  # trains with several worker processes
 
 
 def losses(run_dir):

@@ -6,6 +6,7 @@ import signal
 import pytest
 import torch
 from omegaconf import OmegaConf
+from support import SMOKE
 
 from lowcomm import data
 from lowcomm.config import ConfigError, load_config
@@ -15,9 +16,8 @@ from lowcomm.training.run_dir import RunDirectory
 from lowcomm.training.train import check_environment, main, train, validate
 from lowcomm.training.validation import check_devices
 
-SMOKE = ["model.size=smoke", "data.vocab_size=512", "data.context=64", "data.batch_size=8", "data.val_batches=4",
-         "train.devices=2", "train.steps=30", "train.warmup=5", "train.val_every=15", "train.log_every=5",
-         "train.progress_bar=false", "optim.lr=3e-3"]
+pytestmark = pytest.mark.slow  # trains with several worker processes
+
 
 
 def test_two_process_gloo_run_learns_and_ends_with_identical_replicas(tmp_path, capfd):

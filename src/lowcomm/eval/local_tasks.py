@@ -1,4 +1,5 @@
-"""`python -m lowcomm.eval.local_tasks DATA_DIR --out TASK_DIR`: the paper's lm-eval tasks on local copies of their data.
+"""`python -m lowcomm.eval.local_tasks DATA_DIR --out TASK_DIR`: the paper's lm-eval tasks on local copies of their
+data.
 
 Each YAML written `include:`s lm-eval's installed task file, so the task keeps its own prompt template, choice
 list, target, document preprocessing (HellaSwag's `process_docs`) and metrics; it only points `dataset_path: json`

@@ -1,4 +1,5 @@
-"""Dion, Orth-Dion and Ada-Orth-Dion: low-rank orthonormalized updates with error feedback (spec/dion.md).
+"""Dion, Orth-Dion and Ada-Orth-Dion: low-rank orthonormalized updates with error feedback (arXiv 2605.16341;
+the choices it leaves open: docs/decisions.md).
 
 Per hidden matrix X (m x n = d_out x d_in), with B = tall(M) (a x b, a >= b: M, or M^T when m < n):
     M <- M + G;   P = orth(B Q);   W = B^T P

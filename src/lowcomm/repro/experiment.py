@@ -1,6 +1,6 @@
 """`python -m lowcomm.repro.experiment experiments/<name>/config.yaml [preset] [--out DIR] [--seeds 0,1] [--force]
-[--tables-only] [key=value ...]`: run an experiment's grid (runs x sweep values x seeds) with `lowcomm.training.train` into
-<out>/<name>/<preset>/runs/<label>-s<seed>/, then aggregate the run records into <out>/<name>/<preset>/table.csv
+[--tables-only] [key=value ...]`: run an experiment's grid (runs x sweep values x seeds) with
+`lowcomm.training.train` into <out>/<name>/<preset>/runs/<label>-s<seed>/, then aggregate the run records into <out>/<name>/<preset>/table.csv
 (one row per label; comparisons.csv where the table compares rows) and table.md. When <out> is not the stored
 results/, the table is printed beside the stored reference results/<name>/<preset>/ with a verdict per row.
 
@@ -23,10 +23,9 @@ An experiment config:
     report: {order: ..., mirrors: ..., figure: ..., claims: ...}     # the index, figure and claims (repro.definitions)
 Every preset starts from the overrides of experiments/presets.yaml for its name. Overrides apply in the order
 presets.yaml, preset, tuned lrs, run, sweep value (with the preset's, then the run's sweep_overrides),
-run_overrides, command line, seed. With `tuned`, each run takes
-its method's tuned peak lr (`lr`) and, where its optimizer has one, the non-matrix lr (`adamw_lr`) from the file
-`python -m lowcomm.repro.tuning` writes (lowcomm.repro.tuning.tuned_overrides); the values go into the run's overrides and
-its stored config.
+run_overrides, command line, seed. With `tuned`, each run takes its method's tuned peak lr (`lr`) and, where its
+optimizer has one, the non-matrix lr (`adamw_lr`) from the file `make tune` writes
+(lowcomm.repro.tuning.tuned_overrides); the values go into the run's overrides and its stored config.
 
 A run is reused only when its record.json says `status: complete` (or `diverged`, with keep_diverged) and its
 stored config.yaml equals the run's resolved config (both on the optimizer's defaults); otherwise (or with --force)

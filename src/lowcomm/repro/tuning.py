@@ -56,7 +56,7 @@ def tuned_overrides(method: str | None, keys: list[str], path: Path | None = Non
         raise ConfigError("a preset with `tuned` needs every run to name its method (method=<preset>)")
     path = path or TUNED_FILE
     tuned = load_tuned(path)
-    fix = ("run the sweep and `python -m lowcomm.repro.tuning` (make lr_sweep), or name optim.lr in the experiment config")
+    fix = "run the sweep and `make tune` (make lr_sweep), or name optim.lr in the experiment config"
     out = []
     if "lr" in keys:
         if method not in tuned.get("lr", {}):

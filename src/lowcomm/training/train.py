@@ -36,9 +36,9 @@ from lowcomm.training.validation import (
     optimizer_message,
 )
 
+INSIDE_EMULATED_NETWORK = "LOWCOMM_EMULATED_NETWORK"  # set by lowcomm.training.emulated_network in its agents
 # fp32 master weights throughout (low-rank optimizers require them): full precision or autocast
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
-
 
 
 class RunEnded(Exception):
@@ -200,6 +200,12 @@ def failed(cfg: DictConfig, run_dir: Path, failures: dict[int, str], received: i
 def train(cfg: DictConfig) -> Path:
     """Validate, prepare data, train with Lightning over train.devices x train.num_nodes workers; return the run
     directory of a complete run, else raise RunEnded (interrupted, diverged, a worker failed)."""
+    if cfg.train.link_rate_mbit < 0:
+        raise ConfigError(f"train.link_rate_mbit={cfg.train.link_rate_mbit} must be >= 0 (0: no emulated network)")
+    if cfg.train.link_rate_mbit > 0 and not os.environ.get(INSIDE_EMULATED_NETWORK):
+        from lowcomm.training.emulated_network import launch
+
+        return launch(cfg)  # it starts one agent per emulated node, each of which comes back here
     environ = dict(os.environ)  # Lightning sets PL_GLOBAL_SEED, MASTER_PORT, LOCAL_RANK, ... in this process
     from lowcomm.training.lightning.workers import start_worker_server
 

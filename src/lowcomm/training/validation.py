@@ -74,7 +74,7 @@ def check_launch(cfg: DictConfig) -> None:
 
     t = cfg.train
     launched = TorchElasticEnvironment.detect() or SLURMEnvironment.detect()
-    if t.num_nodes > 1 and not launched:
+    if t.num_nodes > 1 and not launched and not t.link_rate_mbit:  # link_rate_mbit: the emulated network starts them
         raise ConfigError(f"train.num_nodes={t.num_nodes} needs one process per device on every node, started by "
                           "torchrun or SLURM (see the README, 'On a GPU box and on several nodes'); without them "
                           "set train.num_nodes=1")
