@@ -11,12 +11,14 @@ An experiment config:
                          labels: [<label>, ...],              # optional: only these runs
                          sweep: [...],                        # optional: this preset's sweep values
                          sweep_overrides: {<value>: [...]},   # optional: extra overrides at one sweep value
-                         run_overrides: {<label>: [...]}}}    # optional: extra overrides of one run
+                         run_overrides: {<label>: [...]},     # optional: extra overrides of one run
                          run_sweep: {<label>: [...]},         # optional: one run's sweep values in this preset
-                         tuned: [lr, adamw_lr]}}              # optional: lrs from experiments/tuned_lr.yaml
+                         tuned: [lr, adamw_lr],               # optional: lrs from experiments/tuned_lr.yaml
+                         table: {kind: ..., ...}}}            # optional: this preset's table instead
     runs: [{label: <row name>, overrides: [key=value, ...], seeds: <at most this many of the seeds>,
             sweep: [...], sweep_overrides: {<value>: [...]}}, ...]   # optional: this run's values, its overrides
-    sweep: {key: <config key>, values: [...], tag: <label suffix>}   # optional: every run at every value
+    sweep: {key: <config key>, values: [...], tag: <label suffix>}   # optional: every run at every value (without
+                                                                     # values: only presets that list some sweep)
     keep_diverged: true                                              # optional: a diverged run is a result
     table: {kind: <lowcomm.repro.tables kind>, ...}                  # the kind's parameters
     downstream: [<lm-eval task>, ...]                                # optional: scored into each run's record
@@ -68,7 +70,8 @@ from lowcomm.training.train import RunEnded, train, validate
 
 RESULTS = Path("results")
 SPEC_KEYS = {"name", "base", "presets", "runs", "sweep", "table", "downstream", "keep_diverged", "report"}
-PRESET_KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides", "run_sweep", "tuned"}
+PRESET_KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides", "run_sweep", "tuned",
+               "table"}
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,11 @@ def load_spec(path: str | Path) -> DictConfig:
     return spec
 
 
+def table_params(spec: DictConfig, preset: str) -> dict:
+    """The `table` section the preset's tables are built from: its own, else the experiment's."""
+    return OmegaConf.to_container(spec.presets[preset].get("table", spec.table))
+
+
 def shared_overrides(preset: str) -> list[str]:
     """The overrides every experiment's preset `preset` starts from (experiments/presets.yaml)."""
     return list(OmegaConf.load(SHARED_PRESETS).get(preset, []))
@@ -130,7 +138,7 @@ def sweep_values(spec: DictConfig, preset: DictConfig, run: DictConfig) -> list[
     for values in (preset.get("run_sweep", {}).get(run.label), run.get("sweep"), preset.get("sweep")):
         if values is not None:
             return list(values)
-    return list(sweep["values"])
+    return list(sweep.get("values", [])) or [None]
 
 
 def run_method(overrides: list[str]) -> str | None:
@@ -297,7 +305,7 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
         if not tables_only:
             evaluate_downstream(run_dir, list(spec.get("downstream", [])))
     results = [RunResult.load(run, out_dir / "runs" / run.name) for run in grid]
-    params = OmegaConf.to_container(spec.table)
+    params = table_params(spec, preset)
     write_tables(build_tables(params, results), params["kind"], out_dir)
     return out_dir
 
@@ -458,7 +466,7 @@ def main(argv: list[str] | None = None) -> None:
     except RunEnded as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(err.exit_code)
-    print_summary(out_dir, load_spec(args.config).table.kind)
+    print_summary(out_dir, table_params(load_spec(args.config), preset)["kind"])
     if Path(args.out).resolve() != RESULTS.resolve():
         print_beside_reference(out_dir, RESULTS / out_dir.relative_to(args.out))
 

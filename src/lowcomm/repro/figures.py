@@ -19,6 +19,7 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
@@ -205,7 +206,31 @@ def draw_over_bandwidth(frame: pd.DataFrame, hue: str, prefix: str, ax, ylabel: 
     ax.set(xscale="log", yscale="log", ylabel=ylabel, title=title)
 
 
+def draw_emulated(fig, preset_dir: Path) -> None:
+    """Runs over the emulated network: measured time per step and to the target (points) over the model's lines
+    (t_step(R) = t_compute + 8 B / R + latency x collectives, from the table's columns), per method."""
+    table = pd.read_csv(preset_dir / "table.csv")
+    axes = fig.subplots(1, 2)
+    rates = np.geomspace(table["link_rate_measured_mbit"].min() / 2, table["link_rate_measured_mbit"].max() * 2, 50)
+    palette = dict(zip(table["method"].unique(), sns.color_palette(n_colors=table["method"].nunique())))
+    for method, rows in table.groupby("method", sort=False):
+        first = rows.iloc[0]
+        modeled = (first["compute_s"] + 8 * first["bytes_per_step/total"] / (rates * 1e6)
+                   + first["modeled_latency_s"] * first["collectives_per_step"])
+        for ax, measured, scale in ((axes[0], "step_time_measured_s", 1.0),
+                                    (axes[1], "time_to_target_measured_s", rows["steps_to_target"].median())):
+            ax.plot(rates, modeled * scale, color=palette[method], lw=1, label=method)
+            ax.scatter(rows["link_rate_measured_mbit"], rows[measured], color=palette[method], s=18, zorder=3)
+    axes[0].set(xscale="log", yscale="log", xlabel="link rate (Mbit/s, measured)", ylabel="seconds per step",
+                title="measured (points) and modeled (lines)")
+    axes[1].set(xscale="log", yscale="log", xlabel="link rate (Mbit/s, measured)",
+                ylabel=f"seconds to validation loss {table['target_loss'].iloc[0]:.3f}", title="time to the target")
+    axes[0].legend(fontsize=7)
+
+
 def draw_communication(fig, preset_dir: Path) -> None:
+    if "step_time_measured_s" in pd.read_csv(preset_dir / "table.csv", nrows=0):
+        return draw_emulated(fig, preset_dir)
     analytic_path = preset_dir.parent / "analytic.csv"
     axes = fig.subplots(1, 2 if analytic_path.exists() else 1, squeeze=False)[0]
     table = pd.read_csv(preset_dir / "table.csv")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -376,6 +377,87 @@ def communication_table(results: list[RunResult], params: dict) -> dict[str, pd.
     return {"table": table}
 
 
+def measured_elapsed(run: RunResult) -> pd.Series:
+    """Training seconds elapsed at each logged step (validation excluded): the sum over the logged intervals of
+    steps in the interval x tokens per step / tokens per second."""
+    m = run.metrics[run.metrics["tokens_per_s"].notna() & (run.metrics["tokens_per_s"] > 0)]
+    steps = m["step"].diff().fillna(m["step"].iloc[0])
+    elapsed = (steps * run.tokens_per_step / m["tokens_per_s"]).cumsum()
+    return pd.Series(elapsed.values, index=m["step"].values)
+
+
+def time_to_reach(run: RunResult, target: float) -> float:
+    """Measured training seconds until the validation loss reaches `target` (linear between validation points;
+    the elapsed time at a validation step is interpolated between the logged steps around it)."""
+    elapsed = measured_elapsed(run)
+    curve = run.validation_curve()
+    steps = [0.0, *elapsed.index]
+    seconds = [0.0, *elapsed.values]
+    times = [float(np.interp(step, steps, seconds)) for step in curve["step"]]
+    return steps_to_reach(times, list(curve["val_loss"]), target)
+
+
+def emulated_network_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+    """Runs over the emulated network (rows: method at link rate, lowcomm.training.emulated_network) beside the
+    model of lowcomm.repro.wallclock. Measured: seconds per step (training time / steps) and to the target.
+    Modeled: t_compute + bytes / (measured link rate) + latency x collectives, t_compute being the median logged
+    step time of the method's run at `reference_mbit` (a cap that does not bind: the median interval holds no
+    K-step sync), and steps to the target x t_step. The target is a loss every row reaches: the worst final loss
+    raised by `target_margin` of the way back to the initial loss. `crossover` pairs [a, b] give the link rate below
+    which a reaches the target before b, measured (log-linear between the rates run) and modeled."""
+    latency, reference = params.get("latency_s", LATENCY_S), params["reference_mbit"]
+    runs = per_run_frame(results)
+    runs["link_rate_mbit"] = runs["sweep_value"].astype(float)
+    runs["link_rate_measured_mbit"] = [float(np.mean(r.record.get("link_rate_measured_mbit", [math.nan])))
+                                       for r in results]
+    runs["step_time_measured_s"] = [measured_elapsed(r).iloc[-1] / r.record["steps"] for r in results]
+    worst, initial = runs["final_val_loss"].max(), runs["initial_val_loss"].mean()
+    target = float(worst + params.get("target_margin", 0.1) * (initial - worst))
+    runs["steps_to_target"] = [_reach(r.validation_curve().set_index("step")["val_loss"], target) for r in results]
+    runs["time_to_target_measured_s"] = [time_to_reach(r, target) for r in results]
+    table = summarize(runs, ("step_time_measured_s", "time_to_target_measured_s"))
+    compute = table[table["link_rate_mbit"] == reference].set_index("method")["step_time_s"]
+    table["target_loss"], table["modeled_latency_s"] = target, latency
+    table["compute_s"] = table["method"].map(compute)
+    table["step_time_modeled_s"] = [step_time(c, b, n, rate / 1e3, latency) for c, b, n, rate in
+                                    zip(table["compute_s"], table["bytes_per_step/total"],
+                                        table["collectives_per_step"], table["link_rate_measured_mbit"])]
+    table["step_time_ratio"] = table["step_time_measured_s"] / table["step_time_modeled_s"]
+    table["time_to_target_modeled_s"] = table["steps_to_target"] * table["step_time_modeled_s"]
+    table["time_to_target_ratio"] = table["time_to_target_measured_s"] / table["time_to_target_modeled_s"]
+    capped = table[table["link_rate_mbit"] != reference].reset_index(drop=True)
+    return {"table": capped, "crossover": crossover_rates(capped, params.get("crossover", []), latency)}
+
+
+def crossover_rates(table: pd.DataFrame, pairs: list[list[str]], latency_s: float) -> pd.DataFrame:
+    """Per pair [a, b] of methods: the link rate (Mbit/s) below which a reaches the target before b. Measured:
+    log-linear interpolation of log(time_a / time_b) between the two rates run where its sign changes (NaN where it
+    does not change). Modeled: S_a (c_a + 8 B_a / R + L n_a) = S_b (c_b + 8 B_b / R + L n_b) solved for R, with the
+    median over the rates of each method's steps to target S, compute c, bytes B and collectives n."""
+    rows = []
+    for a, b in pairs:
+        ta = table[table["method"] == a].set_index("link_rate_mbit")
+        tb = table[table["method"] == b].set_index("link_rate_mbit")
+        rates = sorted(set(ta.index) & set(tb.index))
+        logs = [math.log(ta.loc[r, "time_to_target_measured_s"] / tb.loc[r, "time_to_target_measured_s"])
+                for r in rates]
+        measured = math.nan
+        for (r0, l0), (r1, l1) in zip(zip(rates, logs), zip(rates[1:], logs[1:])):
+            if l0 * l1 <= 0 and l0 != l1:
+                measured = math.exp(math.log(r0) + l0 / (l0 - l1) * (math.log(r1) - math.log(r0)))
+
+        def median(frame: pd.DataFrame, column: str) -> float:
+            return float(frame[column].median())
+        sa, sb = median(ta, "steps_to_target"), median(tb, "steps_to_target")
+        fixed = sa * (median(ta, "compute_s") + latency_s * median(ta, "collectives_per_step")) - \
+            sb * (median(tb, "compute_s") + latency_s * median(tb, "collectives_per_step"))
+        wire = 8 * (sb * median(tb, "bytes_per_step/total") - sa * median(ta, "bytes_per_step/total"))
+        modeled = wire / fixed / 1e6 if fixed > 0 and wire > 0 else math.nan
+        rows.append({"a": a, "b": b, "rates_mbit": " ".join(f"{r:g}" for r in rates),
+                     "crossover_measured_mbit": measured, "crossover_modeled_mbit": modeled})
+    return pd.DataFrame(rows, columns=["a", "b", "rates_mbit", "crossover_measured_mbit", "crossover_modeled_mbit"])
+
+
 KINDS: dict[str, Callable[[list[RunResult], dict], dict[str, pd.DataFrame]]] = {
     "methods": methods_table,
     "stagnation": stagnation_table,
@@ -386,6 +468,7 @@ KINDS: dict[str, Callable[[list[RunResult], dict], dict[str, pd.DataFrame]]] = {
     "convergence": convergence_table,
     "communication": communication_table,
     "horizon": horizon_table,
+    "emulated_network": emulated_network_table,
 }
 
 # Columns of table.md per kind (table.csv keeps every column); an entry ending in "/" shows every column it prefixes.
@@ -405,6 +488,10 @@ SHOWN = {
            "nu_max_over_training", "spectral/nu_mean", "final_val_loss"],
     "beta": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"],
     "horizon": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "ddp_steps_to_final"],
+    "emulated_network": ["label", "link_rate_mbit", "link_rate_measured_mbit", "seeds", "final_val_loss",
+                         "bytes_per_step/total", "collectives_per_step", "compute_s", "step_time_measured_s",
+                         "step_time_modeled_s", "step_time_ratio", "target_loss", "steps_to_target",
+                         "time_to_target_measured_s", "time_to_target_modeled_s", "time_to_target_ratio"],
     "convergence": ["label", "seeds", "final_val_loss", "final_val_loss_std", "steps_to_target", "steps_to_target_std",
                     "steps_to_target_n", "step_time_s", "time_to_target_s", "active_rank_share_over_training"],
     "communication": ["label", "seeds", "bytes_per_step/total", "analytic_bytes_per_step", "collectives_per_step",
