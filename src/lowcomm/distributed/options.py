@@ -84,6 +84,10 @@ class SyncOptions:
     compress: K-step methods: send the pseudo-gradient compressed (lowcomm.distributed.compression): per-worker
         error feedback decayed by compress_ef_beta, the compress_density share of each chunk of compress_chunk
         entries with the largest |e|, values at compress_bits bits (2, 4, 8; 32: fp32) rounded compress_rounding.
+    probe_dense_basis: with compress and a low-rank basis from the pseudo-gradient (lordo, lordo_global_noqh): at
+        each sync also all-reduce the dense Delta of the low-rank matrices on a copy (a separate ledger, kind
+        "probe") and log the largest principal angle between the installed Q (from the compressed Delta) and the
+        top-r basis of the dense Delta.
     """
 
     name: str
@@ -98,6 +102,7 @@ class SyncOptions:
     basis_refresh_every: int = 200
     lowrank_gradient: str = "projected"
     probe_cosine: bool = False
+    probe_dense_basis: bool = False
     compress: bool = False
     compress_density: float = 0.01
     compress_bits: int = 2
@@ -168,8 +173,14 @@ def sync_options(cfg: Mapping[str, Any]) -> SyncOptions:
     _check_int("state_sync_u", opts.state_sync_u, 0, "K_u, steps between first-moment averages; 0 = never")
     _check_int("state_sync_v", opts.state_sync_v, 0, "K_v, steps between second-moment averages; 0 = never")
     _check_int("state_sync_m", opts.state_sync_m, 0, "K_M, steps between averages of Dion's buffers; 0 = never")
-    if not isinstance(opts.probe_cosine, bool):
-        raise ValueError(f"sync.probe_cosine={opts.probe_cosine!r} is invalid: set true or false")
+    for key in ("probe_cosine", "probe_dense_basis"):
+        if not isinstance(getattr(opts, key), bool):
+            raise ValueError(f"sync.{key}={getattr(opts, key)!r} is invalid: set true or false")
+    if opts.probe_dense_basis and not (opts.compress and opts.method.global_basis == "pseudo_gradient"
+                                       and not opts.method.local_dion):
+        raise ValueError(f"sync.probe_dense_basis=true compares the basis of a compressed pseudo-gradient with the "
+                         f"dense one, which sync.name={opts.name!r} with compress={opts.compress} has not: use it with "
+                         "sync.compress=true on lordo or lordo_global_noqh")
     if not opts.outer_lr > 0:
         raise ValueError(f"sync.outer_lr={opts.outer_lr!r} is invalid: set a positive outer learning rate")
     if not 0 <= opts.outer_momentum < 1:

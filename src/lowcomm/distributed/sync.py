@@ -8,7 +8,8 @@ One engine, parts switched on by the method (options.METHODS):
   moments       u <- mean_m u_m every K_u steps, v <- mean_m v_m every K_v steps (D8); Dion's M every K_M steps
   local Dion    the Dion family steps without its Communicator between syncs; with a global subspace its right
                 factors Q are replaced at every sync by the top-r right singular vectors of Delta (tall orientation)
-  probe         optional: the all-reduced gradient summed over the K steps, compared with Delta at each sync
+  probe         optional: the all-reduced gradient summed over the K steps, compared with Delta at each sync; with
+                a compressed Delta, the basis of the dense Delta against the installed one (own ledger, kind probe)
 The caller's loop, with t counted from 1:
     engine.setup()
     for t in 1, 2, ...:
@@ -26,7 +27,7 @@ from torch import nn
 from lowcomm.distributed.comm import KINDS, Communicator
 from lowcomm.distributed.compression import CompressedPseudoGradient, Compression
 from lowcomm.distributed.options import Method, SyncOptions, sync_options
-from lowcomm.optim.projection import principal_angles
+from lowcomm.optim.projection import principal_angles, projection_side, top_basis
 
 
 def lowrank_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
@@ -76,10 +77,14 @@ class PseudoGradientSync:
         for a, p in zip(self.anchor, self.params):
             a.copy_(p.detach())
 
+    def local_deltas(self) -> list[torch.Tensor]:
+        """This worker's W_m - W_anchor for every parameter."""
+        return [p.detach() - a for p, a in zip(self.params, self.anchor)]
+
     @torch.no_grad()
     def __call__(self) -> list[torch.Tensor]:
         """Run the sync; returns Delta for every parameter (identical on every rank)."""
-        deltas = [p.detach() - a for p, a in zip(self.params, self.anchor)]
+        deltas = self.local_deltas()
         if self.compressed is not None:
             deltas = self.compressed(deltas)
         else:
@@ -210,6 +215,36 @@ class DirectionProbe:
             s.zero_()
 
 
+class DenseBasisProbe:
+    """A measurement beside a compressed sync that leaves training unchanged: the dense Delta of the basis matrices,
+    all-reduced on a copy through the probe's own Communicator (kind "probe"); after the basis from the compressed
+    Delta is installed, per matrix the largest principal angle between that Q and the top-r basis of the dense Delta
+    (same rank and side, fp32 SVD). Identical on every rank."""
+
+    def __init__(self, basis: GlobalBasis, comm: Communicator):
+        self.basis = basis
+        self.comm = comm
+        self.angles: dict[str, float] = {}
+        self.measured_at = 0
+
+    @torch.no_grad()
+    def reduce(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
+        """mean_m Delta_m of the basis matrices (in basis.params order)."""
+        dense = [d.clone() for d in local]
+        self.comm.all_reduce(dense, "probe")
+        return dense
+
+    @torch.no_grad()
+    def measure(self, dense: list[torch.Tensor], step: int) -> None:
+        state = self.basis.optimizer.state
+        self.angles = {}
+        for name, p, delta in zip(self.basis.names, self.basis.params, dense):
+            q = state[p][self.basis.key]
+            reference = top_basis(delta, q.shape[1], projection_side(p.shape))
+            self.angles[name] = principal_angles(q, reference).max().item()
+        self.measured_at = step
+
+
 class SyncEngine:
     """The sync of one method for one replica (see the module docstring); built by `build_sync_engine`."""
 
@@ -240,9 +275,9 @@ class SyncEngine:
             scope = lowrank if opts.state_sync_scope == "lowrank" else self.params
             self.moments = MomentAverage(optimizer, scope, comm, opts.state_sync_u, opts.state_sync_v,
                                          opts.state_sync_m)
-        self.probe = None
-        if method.k_step and opts.probe_cosine:
-            self.probe = DirectionProbe(self.params, Communicator(comm.group))
+        self.probe_comm = Communicator(comm.group) if opts.probe_cosine or opts.probe_dense_basis else None
+        self.probe = DirectionProbe(self.params, self.probe_comm) if method.k_step and opts.probe_cosine else None
+        self.dense_probe = DenseBasisProbe(self.basis, self.probe_comm) if opts.probe_dense_basis else None
         if opts.projected_gradients:
             optimizer.projected_gradient_hook = self._all_reduce_projected
         if opts.name == "optimizer_sync":
@@ -269,8 +304,8 @@ class SyncEngine:
             raise ValueError(f"step={step!r} after step {self.step}: steps count from 1 and increase by one "
                              "optimizer step at a time")
         self.comm.step = step
-        if self.probe is not None:
-            self.probe.comm.step = step
+        if self.probe_comm is not None:
+            self.probe_comm.step = step
 
     def before_optimizer_step(self, step: int, clip: Callable[[], None] | None = None) -> None:
         """After backward, before optimizer.step(): per-step gradient all-reduce (with projected gradients it runs
@@ -294,12 +329,18 @@ class SyncEngine:
         moment averages."""
         self._enter(step)
         if self.pseudo is not None and step % self.opts.sync_every == 0:
+            index = {id(p): i for i, p in enumerate(self.params)}
+            dense = None
+            if self.dense_probe is not None:
+                local = self.pseudo.local_deltas()
+                dense = self.dense_probe.reduce([local[index[id(p)]] for p in self.basis.params])
             deltas = self.pseudo()
             if self.probe is not None:
                 self.probe.measure(deltas, step)
             if self.basis is not None and self.opts.method.global_basis == "pseudo_gradient":
-                index = {id(p): i for i, p in enumerate(self.params)}
                 self.basis.install([deltas[index[id(p)]] for p in self.basis.params])
+            if dense is not None:
+                self.dense_probe.measure(dense, step)
         if self.moments is not None:
             self.moments(step)
         self.step = step
@@ -338,10 +379,13 @@ class SyncEngine:
         records = self.comm.records
         setup = next((i for i, r in enumerate(records) if r.step > 0), len(records))  # step 0: the start-up broadcast
         out["comm/training_collectives"] = float(len(records) - setup)
-        if self.probe is not None:
-            out["comm/probe_bytes"] = float(sum(self.probe.comm.wire_bytes_at(self.step).values()))
-            if self.probe.measured_at == self.step and self.probe.cosine is not None:
-                out["probe/pseudo_gradient_cosine"] = self.probe.cosine
+        if self.probe_comm is not None:
+            out["comm/probe_bytes"] = float(sum(self.probe_comm.wire_bytes_at(self.step).values()))
+        if self.probe is not None and self.probe.measured_at == self.step and self.probe.cosine is not None:
+            out["probe/pseudo_gradient_cosine"] = self.probe.cosine
+        if self.dense_probe is not None and self.dense_probe.measured_at == self.step:
+            out["probe/dense_basis_max_angle"] = max(self.dense_probe.angles.values())
+            out["probe/dense_basis_mean_angle"] = sum(self.dense_probe.angles.values()) / len(self.dense_probe.angles)
         for kind, n in optimizer_state_bytes(self.optimizer).items():
             out[f"memory/{kind}_bytes"] = float(n)
         if self.pseudo is not None:

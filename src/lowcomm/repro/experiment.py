@@ -306,7 +306,7 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
             evaluate_downstream(run_dir, list(spec.get("downstream", [])))
     results = [RunResult.load(run, out_dir / "runs" / run.name) for run in grid]
     params = table_params(spec, preset)
-    write_tables(build_tables(params, results), params["kind"], out_dir)
+    write_tables(build_tables(params, results), params, out_dir)
     return out_dir
 
 
@@ -321,12 +321,12 @@ def evaluate_downstream(run_dir: Path, tasks: list[str]) -> None:
         evaluate_run_dir(run_dir, tasks=missing)
 
 
-def write_tables(tables: dict[str, pd.DataFrame], kind: str, out_dir: Path) -> None:
-    """Each table as <name>.csv, and all of them in table.md."""
+def write_tables(tables: dict[str, pd.DataFrame], params: dict, out_dir: Path) -> None:
+    """Each table as <name>.csv, and all of them in table.md (the kind's columns and the table's `show`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         table.to_csv(out_dir / f"{name}.csv", index=False)
-    (out_dir / "table.md").write_text(markdown(tables, kind))
+    (out_dir / "table.md").write_text(markdown(tables, params["kind"], params.get("show", [])))
 
 
 def commit_exists(commit: str) -> bool:

@@ -243,6 +243,18 @@ def draw_communication(fig, preset_dir: Path) -> None:
                             f"{largest['size'].iloc[0]}, latency {analytic['latency_s'].iloc[0]:g} s")
 
 
+def draw_loss_vs_bytes(fig, preset_dir: Path) -> None:
+    """Validation loss curves, and each run's final validation loss against the bytes it sent per worker per step
+    (one point per method and seed, log scale)."""
+    axes = fig.subplots(1, 2)
+    validation_panel(axes[0], preset_dir)
+    runs = records(preset_dir)
+    sns.scatterplot(runs, x="bytes_per_step/total", y="final_val_loss", hue="label", palette=label_palette(preset_dir),
+                    ax=axes[1], s=30)
+    axes[1].set(xscale="log", xlabel="bytes sent per worker per step", ylabel="final validation loss (nats)",
+                title="loss against bytes (one point per run)")
+
+
 def draw_loss_only(fig, preset_dir: Path) -> None:
     validation_panel(fig.subplots(), preset_dir)
 
@@ -258,6 +270,7 @@ DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {  # an experiment's `re
     "communication": (draw_communication, (12, 4.5)),
     "spectral": (draw_spectral, (11, 4)),
     "lr_sweep": (draw_lr_sweep, (7, 4.5)),
+    "loss_vs_bytes": (draw_loss_vs_bytes, (12, 4.5)),
     "loss": (draw_loss_only, (6, 4)),
 }
 

@@ -10,6 +10,8 @@ a - b with the two-standard-deviation verdict of lowcomm.repro.stats. Derived pe
   nu_*_over_training, active_rank_share_over_training           from the logged metrics
   angle_*_over_syncs     largest principal angle between consecutive bases, at the sync steps (t % K == 0)
   probe_cosine_mean_over_syncs   mean cosine of Delta to the full-batch direction over the syncs (probe runs)
+  dense_basis_angle_mean_over_syncs   mean over the syncs of the largest angle between the basis of a compressed
+                         Delta and that of the dense Delta (sync.probe_dense_basis)
 Modeled columns follow lowcomm.repro.wallclock and carry their parameters (bandwidth, latency) as columns.
 """
 
@@ -119,6 +121,7 @@ def run_features(run: RunResult) -> dict[str, Any]:
     out["nu_max_over_training"] = _column_stat(m, "spectral/nu_max", "max")
     out["active_rank_share_over_training"] = _column_stat(m, "spectral/active_rank_share", "mean")
     out["probe_cosine_mean_over_syncs"] = _column_stat(m, "probe/pseudo_gradient_cosine", "mean")
+    out["dense_basis_angle_mean_over_syncs"] = _column_stat(m, "probe/dense_basis_max_angle", "mean")
     angles = sync_angles(run)
     out["angle_max_over_syncs"] = float(angles.max()) if len(angles) else math.nan
     out["angle_median_over_syncs"] = float(angles.median()) if len(angles) else math.nan
@@ -544,13 +547,14 @@ def downstream_sources(table: pd.DataFrame) -> str:
     return "Downstream data: " + "; ".join(f"{task}: {source(task)}" for task in tasks) + "."
 
 
-def markdown(tables: dict[str, pd.DataFrame], kind: str) -> str:
-    """table.md: the kind's shown columns of the main table (and the downstream data line), then every other table
-    whole."""
+def markdown(tables: dict[str, pd.DataFrame], kind: str, show: list[str] = ()) -> str:
+    """table.md: the kind's shown columns of the main table and the experiment's `show` columns (and the downstream
+    data line), then every other table whole."""
     parts = []
     for name, table in tables.items():
         shown = list(table.columns) if name != "table" else [
-            c for entry in SHOWN[kind] for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
+            c for entry in (*SHOWN[kind], *show) for c in table
+            if c == entry or entry.endswith("/") and c.startswith(entry)]
         sources = downstream_sources(table) if name == "table" else ""
         parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g")
                      + (f"\n\n{sources}" if sources else ""))
