@@ -63,6 +63,8 @@ from lowcomm.repro.tables import (
     compact_columns,
     downstream_sources,
     markdown,
+    run_name,
+    seed_of,
 )
 from lowcomm.repro.tuning import tuned_overrides
 from lowcomm.training.run_dir import read_record
@@ -87,7 +89,7 @@ class GridRun:
 
     @property
     def name(self) -> str:
-        return f"{self.label}-s{self.seed}"
+        return run_name(self.label, self.seed)
 
 
 def load_spec(path: str | Path) -> DictConfig:
@@ -345,7 +347,7 @@ def provenance_problems(config_path: str | Path, preset: str, out: Path = RESULT
     out_dir = Path(out) / spec.name / preset
     table = pd.read_csv(out_dir / "table.csv")
     names = [name for runs in table["runs"] for name in runs.split()]
-    seeds = sorted({int(name.rsplit("-s", 1)[1]) for name in names})
+    seeds = sorted({seed_of(name) for name in names})
     grid = {run.name: run for run in experiment_grid(spec, preset, seeds)}
     problems = []
     for _, row in table.iterrows():

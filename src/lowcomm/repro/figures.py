@@ -9,7 +9,6 @@ and for `communication` also results/communication/analytic.csv. Bands are the m
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Callable
@@ -22,41 +21,31 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 
 from lowcomm.repro.definitions import definitions  # noqa: E402
+from lowcomm.repro.tables import basis_change_rows, stored_runs  # noqa: E402
 
 ANGLE_FLOOR = 1e-7  # angles below this (exact zeros included) are drawn at it on the log scale
 BAND = ("pi", 100)  # min-max over seeds
 
 
-def run_labels(preset_dir: Path) -> dict[str, str]:
-    """Run directory name -> table row label, from table.csv's `runs` column."""
-    table = pd.read_csv(preset_dir / "table.csv")
-    return {run: label for label, runs in zip(table["label"], table["runs"]) for run in runs.split()}
+def keep_columns(frame: pd.DataFrame, columns: list[str] | None) -> list[str]:
+    """`step` and the columns named (an entry ending in "/" names every column it prefixes); all when None."""
+    return [c for c in frame if columns is None or c == "step" or c in columns or
+            any(c.startswith(p) for p in columns if p.endswith("/"))]
 
 
 def metric_rows(preset_dir: Path, columns: list[str] | None = None) -> pd.DataFrame:
     """Every metrics.csv row of the experiment's runs with its label and seed (only `columns` when given)."""
-    frames = []
-    for run, label in run_labels(preset_dir).items():
-        df = pd.read_csv(preset_dir / "runs" / run / "metrics.csv")
-        keep = [c for c in df if columns is None or c == "step" or c in columns or
-                any(c.startswith(p) for p in columns if p.endswith("/"))]
-        frames.append(df[keep].assign(label=label, seed=int(run.rsplit("-s", 1)[1])))
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat([r.metrics[keep_columns(r.metrics, columns)].assign(label=r.label, seed=r.seed)
+                      for r in stored_runs(preset_dir)], ignore_index=True)
 
 
 def records(preset_dir: Path) -> pd.DataFrame:
     """One row per run: label, method and sweep value of its table row, seed and the record's scalars."""
-    table = pd.read_csv(preset_dir / "table.csv").set_index("label")
-    rows = []
-    for run, label in run_labels(preset_dir).items():
-        rec = json.loads((preset_dir / "runs" / run / "record.json").read_text())
-        row = table.loc[label]
-        scalars = {k: v for k, v in rec.items() if isinstance(v, (int, float))}
-        rows.append({"label": label, "method": row["method"], "sweep_value": row["sweep_value"], **scalars})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"label": r.label, "method": r.method, "sweep_value": r.sweep_value, "seed": r.seed,
+                          **{k: v for k, v in r.record.items() if isinstance(v, (int, float))}}
+                         for r in stored_runs(preset_dir)])
 
 
 def label_palette(preset_dir: Path) -> dict[str, tuple]:
@@ -76,15 +65,14 @@ def validation_panel(ax, preset_dir: Path, title: str = "validation loss") -> pd
 
 
 def sync_angle_rows(preset_dir: Path) -> pd.DataFrame:
-    """subspace/max_angle and subspace/angle/<matrix> at the sync steps t % K == 0 of each run, floored at
-    ANGLE_FLOOR for the log scale."""
-    rows = metric_rows(preset_dir, ["subspace/max_angle", "subspace/angle/"])
-    if "subspace/max_angle" not in rows:
+    """subspace/max_angle and subspace/angle/<matrix> at each change of basis of each run (tables.basis_change_rows),
+    floored at ANGLE_FLOOR for the log scale."""
+    columns = ["subspace/max_angle", "subspace/angle/"]
+    frames = [(r, basis_change_rows(r)) for r in stored_runs(preset_dir)]
+    frames = [f[keep_columns(f, columns)].assign(label=r.label, seed=r.seed) for r, f in frames if len(f)]
+    if not frames:
         return pd.DataFrame()
-    k = {run: OmegaConf.load(preset_dir / "runs" / run / "config.yaml").sync.get("sync_every", 1)
-         for run in run_labels(preset_dir)}
-    rows["K"] = [k[f"{label}-s{seed}"] for label, seed in zip(rows["label"], rows["seed"])]
-    rows = rows[(rows["step"] > 0) & (rows["step"] % rows["K"] == 0)].dropna(subset=["subspace/max_angle"])
+    rows = pd.concat(frames, ignore_index=True)
     angle_cols = [c for c in rows if c.startswith("subspace/")]
     rows[angle_cols] = rows[angle_cols].clip(lower=ANGLE_FLOOR)
     return rows

@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lowcomm.distributed.options import sync_options
 from lowcomm.eval.local_tasks import LOCAL_SUFFIX
 from lowcomm.eval.tasks import OFFLINE_TASK
 from lowcomm.model import Transformer, model_config_from
@@ -79,6 +80,28 @@ class RunResult:
         return c.data.batch_size * c.data.context * c.train.devices * c.train.num_nodes
 
 
+def run_name(label: str, seed: int) -> str:
+    """A run's directory name: <label>-s<seed>."""
+    return f"{label}-s{seed}"
+
+
+def seed_of(name: str) -> int:
+    """The seed in a run's directory name <label>-s<seed>."""
+    return int(name.rsplit("-s", 1)[1])
+
+
+def stored_runs(preset_dir: Path) -> list[RunResult]:
+    """The runs of a stored table, in table order: table.csv names each row's label, method, sweep value and runs."""
+    table = pd.read_csv(preset_dir / "table.csv")
+    runs = []
+    for row in table.itertuples():
+        for name in row.runs.split():
+            run_dir = preset_dir / "runs" / name
+            runs.append(RunResult(row.label, row.method, row.sweep_value, seed_of(name), name, read_record(run_dir),
+                                  OmegaConf.load(run_dir / "config.yaml"), pd.read_csv(run_dir / "metrics.csv")))
+    return runs
+
+
 def _numeric(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -96,13 +119,21 @@ def _column_stat(metrics: pd.DataFrame, column: str, how: str) -> float:
     return float(getattr(values, how)()) if len(values) else math.nan
 
 
-def sync_angles(run: RunResult) -> pd.Series:
-    """subspace/max_angle at the logged sync steps t % K == 0 (the angle between the bases before and after them)."""
+def basis_change_rows(run: RunResult) -> pd.DataFrame:
+    """The metrics rows that log a change of basis (subspace/max_angle present): for K-step methods only the sync
+    steps t % K == 0, K as the sync options resolve it."""
     m = run.metrics
     if "subspace/max_angle" not in m:
-        return pd.Series(dtype=float)
-    at_sync = m[(m["step"] > 0) & (m["step"] % run.config.sync.get("sync_every", 1) == 0)]
-    return at_sync["subspace/max_angle"].dropna()
+        return m.iloc[0:0]
+    opts = sync_options(OmegaConf.to_container(run.config.sync))
+    rows = m[(m["step"] > 0) & m["subspace/max_angle"].notna()]
+    return rows[rows["step"] % opts.sync_every == 0] if opts.method.k_step else rows
+
+
+def sync_angles(run: RunResult) -> pd.Series:
+    """subspace/max_angle at each change of basis (the angle between the bases before and after it); empty for a run
+    that logs no basis."""
+    return basis_change_rows(run).get("subspace/max_angle", pd.Series(dtype=float))
 
 
 def run_features(run: RunResult) -> dict[str, Any]:

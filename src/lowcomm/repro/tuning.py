@@ -23,7 +23,7 @@ import yaml
 from lowcomm.config import ConfigError, method_preset
 from lowcomm.optim import OPTIMIZERS
 from lowcomm.paths import TUNED_FILE
-from lowcomm.training.run_dir import read_record
+from lowcomm.repro.tables import stored_runs
 
 SWEEP = "lr_sweep"
 # stages of the sweep, in order: a later stage's choice replaces an earlier one's for the methods it holds
@@ -72,16 +72,14 @@ def tuned_overrides(method: str | None, keys: list[str], path: Path | None = Non
 def stage_points(stage_dir: Path) -> pd.DataFrame:
     """One row per run of a stage: method, lr, final validation loss (+inf when it diverged), status, run, commit,
     steps."""
-    table = pd.read_csv(stage_dir / "table.csv")
     rows = []
-    for _, row in table.iterrows():
-        for name in row["runs"].split():
-            record = read_record(stage_dir / "runs" / name)
-            status = record.get("status", "complete")
-            loss = record.get("final_val_loss")
-            rows.append({"method": row["method"], "lr": float(row["sweep_value"]), "status": status,
-                         "final_val_loss": math.inf if status == "diverged" or loss is None else float(loss),
-                         "steps": record.get("steps"), "run": name, "commit": record.get("git_commit", "unknown")})
+    for run in stored_runs(stage_dir):
+        record = run.record
+        status = record.get("status", "complete")
+        loss = record.get("final_val_loss")
+        rows.append({"method": run.method, "lr": float(run.sweep_value), "status": status,
+                     "final_val_loss": math.inf if status == "diverged" or loss is None else float(loss),
+                     "steps": record.get("steps"), "run": run.name, "commit": record.get("git_commit", "unknown")})
     return pd.DataFrame(rows)
 
 
