@@ -23,6 +23,7 @@ from common import machine, median, write_csv
 
 from lowcomm.config import method_preset
 from lowcomm.distributed.comm import Communicator
+from lowcomm.distributed.options import sync_options
 from lowcomm.distributed.sync import build_sync_engine
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
@@ -35,7 +36,8 @@ def build(basis_method: str, sync_every: int):
     preset = method_preset("lordo")
     model = Transformer(model_config(SIZE, max_context=512))
     optimizer = build_optimizer({**preset.optim, "lr": 1e-3, "basis_method": basis_method}, model)
-    engine = build_sync_engine({**preset.sync, "sync_every": sync_every}, model, optimizer, Communicator())
+    engine = build_sync_engine(sync_options({**preset.sync, "sync_every": sync_every}), model, optimizer,
+                               Communicator())
     engine.setup()
     return model, optimizer, engine
 

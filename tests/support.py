@@ -6,9 +6,11 @@ from __future__ import annotations
 import torch
 
 from lowcomm.distributed.comm import Communicator
+from lowcomm.distributed.options import sync_options
 from lowcomm.distributed.sync import build_sync_engine
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
+from lowcomm.optim.protocols import CarriesBasis
 
 # a 2-worker smoke run of lowcomm.training.train: 30 steps, validation at 15 and 30
 SMOKE = ["model.size=smoke", "data.vocab_size=512", "data.context=64", "data.batch_size=8", "data.val_batches=4",
@@ -50,25 +52,22 @@ def build(method: str, comm: Communicator, seed: int = 0, sync: dict | None = No
     model = Transformer(model_config("smoke"))
     optim = optim or {}
     optimizer = build_optimizer(optim if "name" in optim else {**optim_cfg, **optim}, model)
-    engine = build_sync_engine({**sync_cfg, **(sync or {})}, model, optimizer, comm)
+    engine = build_sync_engine(sync_options({**sync_cfg, **(sync or {})}), model, optimizer, comm)
     return model, optimizer, engine
 
 
 def bases(optimizer) -> list[torch.Tensor]:
     """Each matrix's basis: LowRankAdam's Q, or the Dion family's right factor Q (none for other optimizers)."""
-    if hasattr(optimizer, "lowrank_params"):
-        return [optimizer.state[p]["basis"] for p in optimizer.lowrank_params()]
-    if hasattr(optimizer, "matrix_params"):
-        return [optimizer.state[p]["Q"] for p in optimizer.matrix_params()]
+    if isinstance(optimizer, CarriesBasis):
+        return [optimizer.state[p][optimizer.basis_key] for p in optimizer.basis_params()]
     return []
 
 
 def analytic_options(method: str) -> dict:
-    """The accounting's method options of a METHODS entry: the sync config plus the optimizer's rank."""
+    """The accounting's method options of a METHODS entry: the sync config plus the optimizer's rank (or Dion's rank
+    fraction)."""
     sync_cfg, optim_cfg = METHODS[method]
-    if method == "optimizer_sync":
-        return {"name": "orth_dion", "rank_fraction": optim_cfg["rank_fraction"]}
-    return {**sync_cfg, **({"rank": optim_cfg["rank"]} if "rank" in optim_cfg else {})}
+    return {**sync_cfg, **{k: optim_cfg[k] for k in ("rank", "rank_fraction") if k in optim_cfg}}
 
 
 def batch(rank: int, step: int, size: int = 2, context: int = 32) -> tuple[torch.Tensor, torch.Tensor]:

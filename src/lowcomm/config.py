@@ -16,6 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from lowcomm.data import DataConfig
+from lowcomm.distributed.options import SyncOptions, sync_options
+from lowcomm.optim.registry import optimizer_options
 from lowcomm.paths import METHODS_DIR
 
 
@@ -76,6 +78,27 @@ class Config:
 
 class ConfigError(ValueError):
     """A configuration that cannot run; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Sections:
+    """The `optim` and `sync` sections of a config, parsed once into their typed, validated, frozen options (the
+    optimizer's options dataclass, lowcomm.optim.OPTIMIZERS[optim.name].options, and SyncOptions), defaults filled
+    in. Live and stored configs are read through it alike."""
+
+    optim_name: str
+    optim: Any
+    sync: SyncOptions
+
+
+def parse_sections(cfg: DictConfig | dict) -> Sections:
+    """Sections of a loaded (or stored) config; ConfigError in the config's key names on a bad value."""
+    tree = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else cfg
+    try:
+        sync = sync_options(tree["sync"])
+        return Sections(tree["optim"].get("name"), optimizer_options(tree["optim"]), sync)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _merge(base: DictConfig, update: DictConfig | dict, origin: str) -> DictConfig:

@@ -62,14 +62,14 @@ def random_gradients(shape, steps, seed=1, dtype=torch.float32):
 @pytest.mark.parametrize("normalization", ["column", "qr"])
 @pytest.mark.parametrize("ef_beta", [1.0, 0.3])
 def test_step_matches_float64_reference(shape, normalization, ef_beta):
-    hyper = dict(lr=0.02, mu=0.9, ef_beta=ef_beta, weight_decay=0.1)
+    hyper = dict(lr=0.02, captured_share=0.9, ef_beta=ef_beta, weight_decay=0.1)
     x, opt = matrix_and_optimizer(shape, rank_fraction=0.5, normalization=normalization, **hyper)
     state = opt.state[x]
     assert state["Q"].shape == (7, 4)
     ref_x, ref_m, ref_q = x.detach().double(), torch.zeros(shape, dtype=torch.float64), state["Q"].double()
     for g in random_gradients(shape, steps=3):
         ref_x, ref_m, ref_q = reference_step(ref_x, ref_m, ref_q, g, wd=hyper["weight_decay"],
-                                             normalization=normalization, lr=hyper["lr"], mu=hyper["mu"],
+                                             normalization=normalization, lr=hyper["lr"], mu=hyper["captured_share"],
                                              ef_beta=ef_beta)
         x.grad = g.clone()
         opt.step()
@@ -81,10 +81,11 @@ def test_step_matches_float64_reference(shape, normalization, ef_beta):
 @pytest.mark.parametrize("beta", [0.1, 0.5])
 @pytest.mark.parametrize("form", ["summary", "code"])
 def test_the_two_published_error_feedback_forms(beta, form):
-    """(mu = 0, ef_beta = beta) leaves M = beta (B - P W^T), the public summary's R = beta (M - P P^T M); (ef_beta = 1,
-    mu = 1 - beta) leaves M = B - beta P W^T, the earlier code's R = M - beta P P^T M (B = M + G, P = orth(B Q),
-    W = B^T P)."""
-    options = dict(mu=0.0, ef_beta=beta) if form == "summary" else dict(mu=1 - beta, ef_beta=1.0)
+    """(mu = captured_share = 0, ef_beta = beta) leaves M = beta (B - P W^T), the public summary's R = beta (M -
+    P P^T M); (ef_beta = 1, mu = 1 - beta) leaves M = B - beta P W^T, the earlier code's R = M - beta P P^T M
+    (B = M + G, P = orth(B Q), W = B^T P)."""
+    options = (dict(captured_share=0.0, ef_beta=beta) if form == "summary"
+               else dict(captured_share=1 - beta, ef_beta=1.0))
     x, opt = matrix_and_optimizer((12, 7), rank_fraction=0.5, normalization="qr", lr=0.02, **options)
     state = opt.state[x]
     x.grad, q = random_gradients((12, 7), steps=1)[0], state["Q"].double()
@@ -100,7 +101,7 @@ def test_the_two_published_error_feedback_forms(beta, form):
 def test_set_bases_from_installs_the_top_right_singular_vectors_and_keeps_the_buffer(shape):
     """Q <- the top-r right singular vectors of tall(A) (float64 SVD; V of A when m >= n, U when m < n), signs fixed;
     M unchanged bit for bit; the next step is the reference step warm-started from the new Q."""
-    hyper = dict(lr=0.02, mu=0.9, ef_beta=1.0, weight_decay=0.1)
+    hyper = dict(lr=0.02, captured_share=0.9, ef_beta=1.0, weight_decay=0.1)
     x, opt = matrix_and_optimizer(shape, rank_fraction=0.5, normalization="qr", **hyper)
     state = opt.state[x]
     for g in random_gradients(shape, steps=2):
@@ -117,7 +118,7 @@ def test_set_bases_from_installs_the_top_right_singular_vectors_and_keeps_the_bu
     torch.testing.assert_close(state["Q"].double(), expected, rtol=0, atol=1e-5)
     (g,) = random_gradients(shape, steps=1, seed=9)
     ref_x, ref_m, ref_q = reference_step(x.detach(), buffer, state["Q"], g, normalization="qr", lr=hyper["lr"],
-                                         mu=hyper["mu"], ef_beta=1.0, wd=hyper["weight_decay"])
+                                         mu=hyper["captured_share"], ef_beta=1.0, wd=hyper["weight_decay"])
     x.grad = g.clone()
     opt.step()
     torch.testing.assert_close(x.detach().double(), ref_x, rtol=0, atol=1e-5)
@@ -265,7 +266,7 @@ def test_zero_gradient_gives_zero_update_and_keeps_q(normalization, qr_method):
 
 
 @pytest.mark.parametrize("option, value", [
-    ("rank_fraction", 0.0), ("rank_fraction", 1.5), ("ef_beta", 1.2), ("ef_beta", -0.1), ("mu", 1.0),
+    ("rank_fraction", 0.0), ("rank_fraction", 1.5), ("ef_beta", 1.2), ("ef_beta", -0.1), ("captured_share", 1.0),
     ("normalization", "svd"), ("qr_method", "gram_schmidt"),
 ])
 def test_invalid_options_are_named(option, value):
@@ -528,7 +529,8 @@ def test_an_installed_basis_changes_the_next_step_and_the_power_iteration_then_f
     u, v = (torch.linalg.qr(torch.randn(n, 4, generator=generator))[0] for n in (24, 16))  # rank r = 4 signal
     signal = u @ torch.diag(torch.tensor([10.0, 6.0, 4.0, 3.0])) @ v.T
     grads = [signal + 0.1 * torch.randn(24, 16, generator=generator) for _ in range(12)]
-    runs = [matrix_and_optimizer((24, 16), rank_fraction=0.25, normalization="qr", lr=0.01, mu=0.95) for _ in range(2)]
+    runs = [matrix_and_optimizer((24, 16), rank_fraction=0.25, normalization="qr", lr=0.01, captured_share=0.95)
+            for _ in range(2)]
     for x, opt in runs:
         x.grad = grads[0].clone()
         opt.step()

@@ -112,13 +112,13 @@ def test_rotated_full_rank_basis_is_adam_in_rotated_coordinates():
 @pytest.mark.parametrize("shape", [(5, 8), (8, 5)])
 @pytest.mark.parametrize("qh_denominator", ["rank_mean", "lift", "scalar"])
 def test_first_step_full_rank_term_closed_form(shape, qh_denominator):
-    """omega = 0, step 1 (vh = g^2): Delta W = -lr G / (mu (sqrt(D) + eps)) with D = column/row mean of g^2
+    """omega = 0, step 1 (vh = g^2): Delta W = -lr G / (qh_scale (sqrt(D) + eps)) with D = column/row mean of g^2
     over the rank axis, (Q o Q) g^2, or mean(g^2)."""
-    side, r, lr, mu = projection_side(shape), 2, 0.1, 2.0
+    side, r, lr, qh_scale = projection_side(shape), 2, 0.1, 2.0
     W = torch.randn(shape, generator=gen(7)).requires_grad_()
     W0 = W.detach().clone()
     Q = orthonormal(min(shape), r, seed=8)
-    opt = matrix_optimizer(W, r, lr=lr, omega=0.0, mu=mu, qh_denominator=qh_denominator, eps=1e-8)
+    opt = matrix_optimizer(W, r, lr=lr, omega=0.0, qh_scale=qh_scale, qh_denominator=qh_denominator, eps=1e-8)
     opt.set_basis(W, Q)
     G = torch.randn(shape, generator=gen(9))
     step_with(opt, [W], [G])
@@ -127,7 +127,7 @@ def test_first_step_full_rank_term_closed_form(shape, qh_denominator):
     D = {"rank_mean": g2.mean(dim=rank_axis, keepdim=True),
          "lift": (Q * Q) @ g2 if side == "left" else g2 @ (Q * Q).T,
          "scalar": g2.mean()}[qh_denominator]
-    torch.testing.assert_close(W.detach() - W0, -lr * G / (mu * (D.sqrt() + 1e-8)), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(W.detach() - W0, -lr * G / (qh_scale * (D.sqrt() + 1e-8)), atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("shape", [(5, 8), (8, 5)])
@@ -347,7 +347,7 @@ def test_lowrank_on_a_vector_names_the_parameter_and_the_fix():
 
 
 @pytest.mark.parametrize("option, value", [
-    ("omega", 1.5), ("mu", 0.0), ("qh_denominator", "median"), ("rotation", "spin"), ("basis", "global"),
+    ("omega", 1.5), ("qh_scale", 0.0), ("qh_denominator", "median"), ("rotation", "spin"), ("basis", "global"),
     ("refresh_every", 0), ("basis_method", "qr"), ("betas", (0.9, 1.0)), ("error_feedback", 1),
 ])
 def test_bad_options_fail_in_the_constructor(option, value):
@@ -370,13 +370,13 @@ def small_model() -> Transformer:
     ("galore", dict(basis="local", refresh_every=200, rotation="none", error_feedback=False, omega=1.0)),
     ("ldadam", dict(basis="local", refresh_every=1, rotation="rotate", error_feedback=True, omega=1.0)),
     ("lordo_local_step", dict(basis="external", rotation="rotate", error_feedback=True, omega=0.7,
-                              qh_denominator="rank_mean", mu=1.0)),
+                              qh_denominator="rank_mean", qh_scale=1.0)),
 ])
 def test_registry_presets(name, expected):
     opt = build_optimizer({"name": name, "lr": 3e-3}, small_model())
     group = next(g for g in opt.param_groups if g["algorithm"] == "lowrank")
     assert {k: group[k] for k in expected} == expected
-    assert group["rank"] == 64 // 8 and group["lr"] == 3e-3  # rank_fraction 1/8 of d_model
+    assert group["rank"] == 64 // 8 and group["lr"] == 3e-3  # rank_share_of_smallest_dim 1/8 of d_model
     assert build_optimizer({"name": name, "rank": 4}, small_model()).param_groups[0]["rank"] == 4
 
 

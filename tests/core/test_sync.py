@@ -12,14 +12,14 @@ from support import METHODS, RANK, K, analytic_options, build, train_step
 
 from lowcomm.config import METHODS_DIR, load_config
 from lowcomm.distributed.comm import Communicator
-from lowcomm.distributed.options import METHODS as METHOD_TABLE
-from lowcomm.distributed.options import sync_options
+from lowcomm.distributed.options import SYNC_KINDS, sync_options
 from lowcomm.distributed.sync import (
     MomentAverage,
     PseudoGradientSync,
     build_sync_engine,
 )
 from lowcomm.model import Transformer, model_config
+from lowcomm.optim.protocols import CarriesBasis, CountsStateBytes, ReportsSpectralStats, SynchronizesItself
 from lowcomm.repro.accounting import analytic_bytes_at, param_shapes
 
 
@@ -35,7 +35,7 @@ def payload_by_step(comm: Communicator) -> dict[int, dict[str, float]]:
 @pytest.mark.parametrize("cfg, match", [
     ({"name": "lordo", "sync_every": 0}, r"sync\.sync_every=0 .*integer >= 1"),
     ({"name": "lordo", "sync_every": 2.5}, r"sync\.sync_every=2\.5"),
-    ({"name": "lordo_fast"}, r"sync\.name='lordo_fast' is not a sync method: choose one of"),
+    ({"name": "lordo_fast"}, r"sync\.name='lordo_fast' is not a sync kind: choose one of"),
     ({"name": "ddp", "sync_evry": 4}, r"unknown key\(s\) sync\.sync_evry .*valid keys"),
     ({"name": "diloco", "outer": "adam"}, r"sync\.outer='adam' is unknown"),
     ({"name": "local_adam", "state_sync_u": -1}, r"sync\.state_sync_u=-1"),
@@ -61,7 +61,7 @@ def test_method_defaults():
         local = sync_options({"name": name, "sync_every": 8})
         assert (local.outer, local.state_sync_m, local.state_sync_u, local.state_sync_v) == ("average", 8, 0, 0)
     assert sync_options({"name": "diloco", "sync_every": 8}).state_sync_m == 0
-    assert {cfg["name"] for cfg, _ in METHODS.values()} == set(METHOD_TABLE)
+    assert {cfg["name"] for cfg, _ in METHODS.values()} == set(SYNC_KINDS)
 
 
 @pytest.mark.parametrize("method, sync, optim, match", [
@@ -167,12 +167,25 @@ def test_steps_count_from_one():
         engine.before_optimizer_step(0)
 
 
+def test_optimizers_declare_what_the_engine_may_ask_of_them():
+    """The engine asks only through the typed protocols: a basis carrier names its basis key and parameters, a
+    self-synchronizing optimizer takes a Communicator; AdamW has none of these capabilities."""
+    comm = Communicator()
+    lowrank, dion, adamw = (build(m, comm)[1] for m in ("lordo", "optimizer_sync", "ddp"))
+    assert isinstance(lowrank, CarriesBasis) and lowrank.basis_key == "basis"
+    assert [id(p) for p in lowrank.basis_params()] == [id(p) for p in lowrank.lowrank_params()]
+    assert isinstance(dion, CarriesBasis) and dion.basis_key == "Q" and isinstance(dion, SynchronizesItself)
+    assert isinstance(dion, ReportsSpectralStats) and isinstance(lowrank, CountsStateBytes)
+    assert not isinstance(lowrank, SynchronizesItself)
+    assert not any(isinstance(adamw, p) for p in (CarriesBasis, SynchronizesItself, CountsStateBytes))
+
+
 def test_local_dion_methods_run_dion_without_its_communicator():
     for method in ("orth_dion_local", "lordo_orth_dion"):
         comm = Communicator()
         model, optimizer, _ = build("optimizer_sync", comm)
         assert optimizer.communicator is comm
-        build_sync_engine(METHODS[method][0], model, optimizer, comm)
+        build_sync_engine(sync_options(METHODS[method][0]), model, optimizer, comm)
         assert optimizer.communicator is None and not optimizer.distributed
 
 
@@ -295,8 +308,8 @@ def test_probe_cosine_is_one_for_plain_sgd():
     """SGD without momentum, weight decay or clipping: Delta = -lr sum_t G_t exactly, so cos(Delta, -S) = 1."""
     model = Transformer(model_config("smoke"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    engine = build_sync_engine({"name": "diloco", "sync_every": K, "outer": "average", "probe_cosine": True}, model,
-                               optimizer, Communicator())
+    engine = build_sync_engine(sync_options({"name": "diloco", "sync_every": K, "outer": "average",
+                                             "probe_cosine": True}), model, optimizer, Communicator())
     engine.setup()
     for t in range(1, 2 * K + 1):
         train_step(model, optimizer, engine, t, 0, clip=None)

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from support import METHODS, analytic_options, bases, batch, build, train_step
 
 from lowcomm.distributed.comm import Communicator
+from lowcomm.distributed.options import sync_options
 from lowcomm.distributed.sync import build_sync_engine
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
@@ -58,7 +59,7 @@ def sgd_runs(rank: int) -> dict[str, list]:
         model = Transformer(model_config("smoke"))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         comm = Communicator()
-        engine = build_sync_engine(sync, model, optimizer, comm)
+        engine = build_sync_engine(sync_options(sync), model, optimizer, comm)
         engine.setup()
         start = [p.detach().clone() for p in model.parameters()]
         cosines = {}

@@ -9,17 +9,22 @@ import math
 import pytest
 import torch
 
+from lowcomm.distributed.options import sync_options
 from lowcomm.distributed.sync import optimizer_state_bytes
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
+from lowcomm.optim.lowrank_adam import LowRankAdam
 from lowcomm.repro.accounting import (
+    AccountedMethod,
     ParamShapes,
+    accounted_method,
     analytic_bytes_at,
     analytic_bytes_per_step,
     analytic_collectives_per_step,
     analytic_optimizer_state,
     analytic_sync_state,
     main,
+    matrix_rank,
     model_shapes,
     paper_table,
     param_shapes,
@@ -61,8 +66,9 @@ def approx(d: dict) -> dict:
      {"pseudo_gradient": RING * P / 8, "optimizer_state": RING * S / 8}),
     ({"name": "lordo", "sync_every": 8, "rank": R, "state_sync_scope": "all"},
      {"pseudo_gradient": RING * P / 8, "optimizer_state": RING * 2 * (S + O) / 8}),
-    ({"name": "dion", "rank": R}, {"factor": RING * sum((a + b) * R for a, b in SHAPES.lowrank), "gradient": RING * O}),
-    ({"name": "orth_dion", "rank_fraction": 0.25},
+    ({"name": "optimizer_sync", "rank": R},
+     {"factor": RING * sum((a + b) * R for a, b in SHAPES.lowrank), "gradient": RING * O}),
+    ({"name": "optimizer_sync", "rank_fraction": 0.25},
      {"factor": RING * sum((a + b) * 16 for a, b in SHAPES.lowrank), "gradient": RING * O}),
     ({"name": "orth_dion_local", "sync_every": 8}, {"pseudo_gradient": RING * P / 8, "optimizer_state": RING * L / 8}),
     ({"name": "orth_dion_local", "sync_every": 8, "state_sync_m": 4, "state_sync_u": 16},
@@ -77,7 +83,7 @@ def test_steady_state_bytes_match_the_closed_forms(options, expected):
 def test_dion_sends_the_full_gradient_where_factors_are_not_smaller():
     """(m + n) r >= mn: 8 x 8 at r = 4 sends 64 numbers either way, so the gradient goes instead."""
     shapes = ParamShapes(lowrank=((8, 8), (64, 8)), other=())
-    assert analytic_bytes_per_step({"name": "dion", "rank": 4}, shapes, M) == approx(
+    assert analytic_bytes_per_step({"name": "optimizer_sync", "rank": 4}, shapes, M) == approx(
         {"factor": RING * (64 + 8) * 4, "gradient": RING * 64})
 
 
@@ -85,7 +91,7 @@ def test_dion_sends_the_full_gradient_where_factors_are_not_smaller():
     {"name": "lordo", "sync_every": 4, "rank": R},
     {"name": "lowrank_ddp", "rank": R, "basis_refresh_every": 3},
     {"name": "local_adam", "sync_every": 4, "state_sync_u": 6, "state_sync_v": 0},
-    {"name": "dion", "rank": R},
+    {"name": "optimizer_sync", "rank": R},
 ])
 @pytest.mark.parametrize("steps", [1, 7, 12, 13])
 def test_amortized_bytes_are_the_mean_of_the_per_step_bytes(options, steps):
@@ -125,8 +131,9 @@ def test_one_worker_sends_nothing_and_setup_broadcasts_the_parameters():
 @pytest.mark.parametrize("options, match", [
     ({"name": "lordo"}, r"need 'rank'"),
     ({"name": "lowrank_ddp", "rank": 65}, r"rank=65 is invalid"),
-    ({"name": "dion"}, r"need 'rank'"),
-    ({"name": "ring_ddp"}, r"sync\.name='ring_ddp' is not a sync method"),
+    ({"name": "optimizer_sync"}, r"need 'rank'"),
+    ({"name": "lordo_local", "rank_fraction": 0.25}, r"need 'rank'"),
+    ({"name": "ring_ddp"}, r"sync\.name='ring_ddp' is not a sync kind"),
 ])
 def test_bad_method_options_fail(options, match):
     with pytest.raises(ValueError, match=match):
@@ -168,7 +175,7 @@ def test_entry_point_prints_the_table(capsys):
 
 @pytest.mark.parametrize("options, steady", [
     ({"name": "ddp"}, 1),
-    ({"name": "dion", "rank": R}, 3),  # the other parameters' G, then P, then W
+    ({"name": "optimizer_sync", "rank": R}, 3),  # the other parameters' G, then P, then W
     ({"name": "lowrank_ddp", "rank": R, "basis_refresh_every": 10}, 2 + 1 / 10),  # Q^T G, the rest's G, refresh
     ({"name": "lordo", "sync_every": 8, "rank": R}, 3 / 8),  # Delta, u, v every K
     ({"name": "diloco", "sync_every": 8}, 1 / 8),
@@ -187,8 +194,8 @@ def smoke_optimizer_state(optim: dict) -> dict:
     torch.manual_seed(0)
     model = Transformer(model_config("smoke"))
     optimizer = build_optimizer(optim, model)
-    if hasattr(optimizer, "lowrank_params") and optim.get("basis", "external") == "external":
-        optimizer.set_bases_from([torch.randn_like(p) for p in optimizer.lowrank_params()])
+    if isinstance(optimizer, LowRankAdam) and optim.get("basis", "external") == "external":
+        optimizer.set_bases_from([torch.randn_like(p) for p in optimizer.basis_params()])
     tokens = torch.randint(0, 512, (2, 16))
     model.loss(tokens, tokens).backward()
     optimizer.step()
@@ -197,11 +204,12 @@ def smoke_optimizer_state(optim: dict) -> dict:
 
 @pytest.mark.parametrize("family, optim, options", [
     ("adamw", {"name": "adamw"}, {}),
-    ("lowrank", {"name": "lordo_local_step", "rank": 8}, {"rank": 8}),
-    ("lowrank", {"name": "lordo_local_step", "rank": 4, "error_feedback": False, "basis": "local"}, {"rank": 4}),
+    ("lowrank", {"name": "lordo_local_step", "rank": 8}, {"name": "lordo", "rank": 8}),
+    ("lowrank", {"name": "lordo_local_step", "rank": 4, "error_feedback": False, "basis": "local"},
+     {"name": "lordo_local", "rank": 4}),
     ("muon", {"name": "muon"}, {}),
-    ("dion", {"name": "dion"}, {"name": "dion", "rank_fraction": 0.25}),
-    ("dion", {"name": "ada_orth_dion"}, {"name": "dion", "rank_fraction": 0.25}),
+    ("dion", {"name": "dion"}, {"name": "optimizer_sync", "rank_fraction": 0.25}),
+    ("dion", {"name": "ada_orth_dion"}, {"name": "optimizer_sync", "rank_fraction": 0.25}),
 ])
 def test_analytic_optimizer_state_matches_the_optimizers(family, optim, options):
     shapes = param_shapes(Transformer(model_config("smoke")))
@@ -229,3 +237,20 @@ def test_paper_table_state_ratios():
     assert rows["lordo-125m", "dion"]["collectives_per_step"] == 3
     assert rows["lordo-125m", "ddp"]["comm_s_10gbps"] == pytest.approx(
         rows["lordo-125m", "ddp"]["steady_mb"] * 8e6 / 10e9 + 50e-6)
+
+
+def test_accounted_method_of_a_mapping_is_its_sync_options_and_rank():
+    assert accounted_method({"name": "lordo", "sync_every": 8, "rank": R}) == AccountedMethod(
+        sync_options({"name": "lordo", "sync_every": 8}), rank=R)
+    method = AccountedMethod(sync_options({"name": "optimizer_sync"}), rank_fraction=0.25)
+    assert accounted_method(method) is method
+    with pytest.raises(ValueError, match=r"'lowrank_ddp' need 'rank'"):
+        AccountedMethod(sync_options({"name": "lowrank_ddp"}))
+
+
+def test_matrix_rank_is_the_rank_or_dions_capped_fraction():
+    """r = ceil(rank_fraction min(p, q)), at most min(p, q), for the Dion family; the given rank otherwise."""
+    dion = AccountedMethod(sync_options({"name": "optimizer_sync"}), rank_fraction=0.3)
+    assert [matrix_rank(dion, s) for s in ((192, 64), (10, 7), (64, 256))] == [20, 3, 20]
+    assert matrix_rank(AccountedMethod(sync_options({"name": "optimizer_sync"}), rank_fraction=2.0), (10, 7)) == 7
+    assert matrix_rank(AccountedMethod(sync_options({"name": "lordo"}), rank=R), (192, 64)) == R

@@ -18,6 +18,6 @@ def test_probe_preset_logs_the_cosine_of_every_k_step_row_at_every_sync():
     for run in grid:
         cfg = resolved_config(spec, run, Path("runs"))
         sync = sync_options(OmegaConf.to_container(cfg.sync))
-        assert sync.method.k_step == (run.label in K_STEP_ROWS), run.label
-        if sync.method.k_step:
+        assert sync.kind.k_step == (run.label in K_STEP_ROWS), run.label
+        if sync.kind.k_step:
             assert sync.probe_cosine and sync.sync_every % cfg.train.log_every == 0, run.label

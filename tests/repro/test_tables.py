@@ -8,13 +8,24 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from lowcomm.repro.tables import RunResult, build_tables, per_run_frame, summarize
+from lowcomm.distributed.options import sync_options
+from lowcomm.repro.accounting import AccountedMethod, analytic_bytes_per_step, model_shapes
+from lowcomm.repro.tables import (
+    RunResult,
+    accounted_run,
+    analytic_bytes,
+    build_tables,
+    dion_rank,
+    per_run_frame,
+    run_model,
+    summarize,
+)
 
 CONFIG = {"data": {"batch_size": 4, "context": 10}, "train": {"devices": 2, "num_nodes": 1},
           "sync": {"name": "lordo", "sync_every": 4}, "optim": {"name": "lordo_local_step"}, "model": {"size": "smoke"}}
 
 
-def run(label, seed, losses, method=None, sweep=None, angles=None, **record) -> RunResult:
+def run(label, seed, losses, method=None, sweep=None, angles=None, config=None, **record) -> RunResult:
     """A finished run: validation losses at steps 0, 4, 8, ...; 80 tokens per step at 800 tokens/s (0.1 s/step)."""
     steps = [4 * i for i in range(len(losses))]
     metrics = pd.DataFrame({"step": steps, "val_loss": losses, "tokens_per_s": [math.nan] + [800.0] * (len(steps) - 1)})
@@ -23,7 +34,8 @@ def run(label, seed, losses, method=None, sweep=None, angles=None, **record) -> 
     rec = {"final_val_loss": losses[-1], "final_val_ppl": math.exp(losses[-1]), "initial_val_loss": losses[0],
            "steps": steps[-1], "git_commit": "abc", "bytes_per_step/total": 1e6, "comm/training_collectives": 8.0,
            **record}
-    return RunResult(label, method or label, sweep, seed, f"{label}-s{seed}", rec, OmegaConf.create(CONFIG), metrics)
+    return RunResult(label, method or label, sweep, seed, f"{label}-s{seed}", rec, OmegaConf.create(config or CONFIG),
+                     metrics)
 
 
 def test_summary_means_sample_stds_seeds_runs_and_commits():
@@ -93,7 +105,8 @@ def test_stagnation_angles_are_taken_at_sync_steps():
 
 
 def test_nu_table_puts_the_rank_and_its_square_root_beside_nu():
-    results = [run("dion", s, [8.0, 5.0, 4.5]) for s in (0, 1)]
+    dion = {**CONFIG, "sync": {"name": "optimizer_sync"}, "optim": {"name": "dion", "rank_fraction": 0.125}}
+    results = [run("dion", s, [8.0, 5.0, 4.5], config=dion) for s in (0, 1)]
     for r, nus in zip(results, ([1.2, 1.4], [1.4, 1.6])):
         r.metrics["spectral/nu_mean"] = [math.nan, *nus]
         r.metrics["spectral/nu_max"] = [math.nan, *[n + 0.5 for n in nus]]
@@ -159,3 +172,34 @@ def test_emulated_network_measured_beside_modeled_and_the_crossover():
     l80, l800 = (math.log(s_l * times["lordo", r] / (s_d * times["ddp", r])) for r in (80, 800))
     assert l80 < 0 < l800
     assert c["crossover_measured_mbit"] == pytest.approx(math.exp(math.log(80) + l80 / (l80 - l800) * math.log(10)))
+
+
+def config_of(sync: dict, optim: dict) -> OmegaConf:
+    return OmegaConf.create({**CONFIG, "sync": sync, "optim": optim})
+
+
+@pytest.mark.parametrize("sync, optim, rank, rank_fraction", [
+    ({"name": "lordo", "sync_every": 4}, {"name": "lordo_local_step", "rank": 8}, 8, None),
+    ({"name": "lowrank_ddp"}, {"name": "galore"}, 8, None),  # the default share of d = 64: round(0.125 x 64)
+    ({"name": "optimizer_sync"}, {"name": "orth_dion", "rank_fraction": 0.5}, None, 0.5),
+    ({"name": "orth_dion_local", "sync_every": 4}, {"name": "orth_dion"}, None, 0.25),
+    ({"name": "diloco", "sync_every": 4}, {"name": "muon"}, None, None),
+    ({"name": "ddp"}, {"name": "adamw"}, None, None),
+])
+def test_accounted_run_takes_the_rank_its_optimizer_options_declare(sync, optim, rank, rank_fraction):
+    cfg = config_of(sync, optim)
+    assert accounted_run(cfg, run_model(cfg)) == AccountedMethod(sync_options(sync), rank, rank_fraction)
+
+
+def test_analytic_bytes_of_a_self_synchronizing_run_are_dions_factors():
+    cfg = config_of({"name": "optimizer_sync"}, {"name": "orth_dion", "rank_fraction": 0.5})
+    result = RunResult("orth_dion", "orth_dion", None, 0, "orth_dion-s0", {"steps": 8}, cfg, pd.DataFrame())
+    expected = analytic_bytes_per_step({"name": "optimizer_sync", "rank_fraction": 0.5}, model_shapes("smoke"), 2,
+                                       steps=8)
+    assert set(expected) == {"factor", "gradient"}
+    assert analytic_bytes(result) == pytest.approx(sum(expected.values()), rel=1e-12)
+
+
+def test_dion_rank_is_the_largest_capped_fraction_of_min_m_n():
+    assert dion_rank(config_of({"name": "optimizer_sync"}, {"name": "orth_dion", "rank_fraction": 0.3})) == 20
+    assert dion_rank(config_of({"name": "optimizer_sync"}, {"name": "orth_dion", "rank_fraction": 1.0})) == 64

@@ -3,6 +3,7 @@ choice follows the lowest loss and refuses an edge, and a diverged run is a resu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -12,12 +13,15 @@ import yaml
 from omegaconf import OmegaConf
 
 from lowcomm.config import ConfigError
+from lowcomm.optim import OPTIMIZERS, optimizer_options
+from lowcomm.optim.registry import LEGACY_KEYS
 from lowcomm.repro import tuning
 from lowcomm.repro.experiment import (
     experiment_grid,
     load_spec,
     resolved_config,
     run_method,
+    stale_reason,
 )
 from lowcomm.repro.tuning import choose, tuned_file, tuned_overrides
 
@@ -102,16 +106,48 @@ def test_lr_sweep_smoke_keeps_a_diverged_run_as_a_result(tmp_path):
 
 
 def test_beta_sweep_forms_resolve_to_the_published_pairs(tuned, tmp_path):
-    """summary form: mu = 0, ef_beta = beta; code form: ef_beta = 1, mu = 1 - beta; Dion's default as reference."""
+    """summary form: captured_share = 0, ef_beta = beta; code form: ef_beta = 1, captured_share = 1 - beta; Dion's
+    default as reference."""
     spec = load_spec(ROOT / "experiments" / "beta_sweep" / "config.yaml")
     resolved = {run.label: resolved_config(spec, run, tmp_path).optim for run in experiment_grid(spec, "forms")
                 if run.seed == 1}
     for beta in (0.1, 0.3, 0.5, 0.7):
         summary, code = resolved[f"dion_summary_beta{beta}"], resolved[f"orth_dion_code_beta{beta}"]
-        assert (summary.mu, summary.ef_beta) == (0.0, beta)
-        assert (code.ef_beta, code.mu) == (1.0, pytest.approx(1 - beta))
-    assert (resolved["dion_summary_beta1.0"].mu, resolved["dion_summary_beta1.0"].ef_beta) == (0.0, 1.0)
-    assert "mu" not in resolved["dion_default_beta1.0"] and resolved["dion_default_beta1.0"].ef_beta == 1.0  # 0.95
+        assert (summary.captured_share, summary.ef_beta) == (0.0, beta)
+        assert (code.ef_beta, code.captured_share) == (1.0, pytest.approx(1 - beta))
+    assert (resolved["dion_summary_beta1.0"].captured_share, resolved["dion_summary_beta1.0"].ef_beta) == (0.0, 1.0)
+    default = resolved["dion_default_beta1.0"]
+    assert "captured_share" not in default and default.ef_beta == 1.0  # Dion's default captured_share 0.95
+
+
+@pytest.mark.parametrize("name, old, new, value", [
+    ("lordo_local_step", "mu", "qh_scale", 2.0), ("galore", "rank_fraction", "rank_share_of_smallest_dim", 0.25),
+    ("dion", "mu", "captured_share", 0.5), ("ada_orth_dion", "mu", "captured_share", 0.0),
+])
+def test_a_stored_config_with_a_former_key_parses_as_the_current_key(name, old, new, value):
+    assert optimizer_options({"name": name, old: value}) == optimizer_options({"name": name, new: value})
+    assert getattr(optimizer_options({"name": name, old: value}), new) == value
+    with pytest.raises(ValueError, match=f"optim.{old} is the former name of optim.{new}"):
+        optimizer_options({"name": name, old: value, new: value})
+
+
+def test_every_former_key_names_a_current_option_of_its_optimizer():
+    for name, renamed in LEGACY_KEYS.items():
+        keys = {f.name for f in dataclasses.fields(OPTIMIZERS[name].options)}
+        assert set(renamed.values()) <= keys and not set(renamed) & keys, name
+
+
+def test_a_stored_run_with_a_former_key_is_reused(tuned, tmp_path):
+    spec = load_spec(ROOT / "experiments" / "beta_sweep" / "config.yaml")
+    run = next(r for r in experiment_grid(spec, "forms") if r.label == "dion_code_beta0.5")
+    cfg = resolved_config(spec, run, tmp_path)
+    stored = OmegaConf.to_container(cfg)
+    stored["optim"]["mu"] = stored["optim"].pop("captured_share")  # as a run written before the rename holds it
+    run_dir = tmp_path / "stored"
+    run_dir.mkdir()
+    OmegaConf.save(OmegaConf.create(stored), run_dir / "config.yaml")
+    (run_dir / "record.json").write_text('{"status": "complete"}')
+    assert stale_reason(run_dir, cfg) is None
 
 
 def test_the_code_form_is_compared_with_the_summary_forms_beta_one():

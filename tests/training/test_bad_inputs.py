@@ -44,6 +44,12 @@ def no_corpus(monkeypatch):
     (["method=lordo", "optim.betas=[0.9]"], ["optim.betas=[0.9] needs 2 numbers"]),
     (["optim.lr=nan"], ["optim.lr='nan' is not a finite number"]),
     (["optim.lr=abc"], ["optim.lr='abc' is not a finite number"]),
+    (["optim.eps=-1"], ["optim.eps=-1 is invalid: use eps >= 0"]),
+    (["method=muon", "optim.momentum=-0.5"], ["optim.momentum=-0.5 is invalid: use momentum >= 0"]),
+    (["method=dion", "optim.captured_share=1"], ["optim.captured_share=1 must lie in [0, 1)"]),
+    (["method=lordo", "optim.qh_scale=0"], ["optim.qh_scale=0 is invalid: use qh_scale > 0"]),
+    (["method=lordo", "optim.rank=65"], ["optim.rank=65 is invalid for the hidden matrix", "min(p, q) = 64"]),
+    (["method=lordo", "optim.mu=2", "optim.qh_scale=2"], ["optim.mu is the former name of optim.qh_scale"]),
     (["model.n_heads=0"], ["model.n_heads=0 must be >= 1"]),
 ])
 def test_a_bad_value_is_named_before_anything_runs(overrides, words, tmp_path, no_corpus):

@@ -1,12 +1,19 @@
 """Run directories and records: one run per directory, record.json written last, atomically, as strict JSON."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from lowcomm.config import ConfigError, load_config
 from lowcomm.training import run_dir as results
-from lowcomm.training.run_dir import RunDirectory, completed_record, last_checkpoint
+from lowcomm.training.run_dir import (
+    RunDirectory,
+    checkpoint_path,
+    completed_record,
+    last_checkpoint,
+    rank_checkpoint_file,
+)
 
 
 def test_a_directory_holding_another_run_is_refused_unless_overwrite(tmp_path):
@@ -73,3 +80,9 @@ def test_last_checkpoint_is_the_latest_with_every_rank(tmp_path):
         (folder / name).write_text("")
     assert last_checkpoint(tmp_path, 2) == folder / "step000008.ckpt"
     assert last_checkpoint(tmp_path, 1) == folder / "step000016.ckpt"
+
+
+def test_checkpoint_names():
+    assert checkpoint_path("runs/a", 8) == Path("runs/a/checkpoints/step000008.ckpt")
+    assert rank_checkpoint_file(checkpoint_path("runs/a", 1234567), 3) == Path(
+        "runs/a/checkpoints/step1234567.rank3.ckpt")

@@ -1,6 +1,7 @@
-"""Sync-method options: one dataclass of config keys, and a table saying what each method name runs.
+"""Sync options: one dataclass of the `sync` section's keys, and a table saying what each sync kind (`sync.name`)
+runs.
 
-Every method is the same engine with different parts switched on (spec "Variants and baselines"):
+Every sync kind is the same engine with different parts switched on (spec "Variants and baselines"):
 per-step gradient all-reduce, a global low-rank basis Q, the K-step pseudo-gradient sync
 Delta = mean_m(W_m - W_anchor), and averaging of optimizer moments every K_u / K_v steps (Dion's buffers M
 every K_M steps).
@@ -16,8 +17,8 @@ from lowcomm.distributed.compression import BITS, MAX_CHUNK, ROUNDINGS, Compress
 
 
 @dataclass(frozen=True)
-class Method:
-    """The parts a method name runs.
+class SyncKind:
+    """The parts a sync kind (`sync.name`) runs.
 
     per_step_gradients: gradients all-reduced every step (the low-rank matrices' as projections Q^T G
         when `lowrank_gradient="projected"` on a method with a gradient basis).
@@ -28,34 +29,42 @@ class Method:
         "local": the optimizer computes its own), or None for any optimizer without an external basis.
     local_dion: the optimizer is the Dion family run locally, without its Communicator (its buffers M
         averaged every K_M steps); with global_basis="pseudo_gradient" the engine installs its right factors Q.
+    optimizer_synchronizes: the optimizer all-reduces what it needs itself (the Dion family with its Communicator);
+        the engine only broadcasts the start-up parameters.
     outer: default outer step of the K-step sync.
     state_scope: default parameters whose moments are averaged ("all" | "lowrank").
     state_sync_default: whether moments are averaged by default (period K) or never (0).
+    full_rank_term: whether the low-rank optimizer may keep its full-rank quasi-hyperbolic term (omega < 1);
+        False: the method is defined without it (omega = 1).
+    basis_refresh_at_sync: each worker's own basis is refreshed at every sync (refresh_every = K, D10).
     """
 
     per_step_gradients: bool = False
     k_step: bool = False
     global_basis: str | None = None
     optimizer_basis: str | None = None
+    optimizer_synchronizes: bool = False
     outer: str = "average"
     state_scope: str = "all"
     state_sync_default: bool = False
     local_dion: bool = False
+    full_rank_term: bool = True
+    basis_refresh_at_sync: bool = False
 
 
-METHODS: dict[str, Method] = {
-    "ddp": Method(per_step_gradients=True),
-    "lowrank_ddp": Method(per_step_gradients=True, global_basis="gradient", optimizer_basis="external"),
-    "local_adam": Method(k_step=True, state_sync_default=True),
-    "diloco": Method(k_step=True, outer="nesterov"),
-    "lordo": Method(k_step=True, global_basis="pseudo_gradient", optimizer_basis="external",
+SYNC_KINDS: dict[str, SyncKind] = {
+    "ddp": SyncKind(per_step_gradients=True),
+    "lowrank_ddp": SyncKind(per_step_gradients=True, global_basis="gradient", optimizer_basis="external"),
+    "local_adam": SyncKind(k_step=True, state_sync_default=True),
+    "diloco": SyncKind(k_step=True, outer="nesterov"),
+    "lordo": SyncKind(k_step=True, global_basis="pseudo_gradient", optimizer_basis="external",
                     state_scope="lowrank", state_sync_default=True),
-    "lordo_global_noqh": Method(k_step=True, global_basis="pseudo_gradient", optimizer_basis="external",
-                                state_scope="lowrank", state_sync_default=True),
-    "lordo_local": Method(k_step=True, optimizer_basis="local", state_scope="lowrank"),
-    "optimizer_sync": Method(),
-    "orth_dion_local": Method(k_step=True, local_dion=True),
-    "lordo_orth_dion": Method(k_step=True, global_basis="pseudo_gradient", local_dion=True),
+    "lordo_global_noqh": SyncKind(k_step=True, global_basis="pseudo_gradient", optimizer_basis="external",
+                                state_scope="lowrank", state_sync_default=True, full_rank_term=False),
+    "lordo_local": SyncKind(k_step=True, optimizer_basis="local", state_scope="lowrank", basis_refresh_at_sync=True),
+    "optimizer_sync": SyncKind(optimizer_synchronizes=True),
+    "orth_dion_local": SyncKind(k_step=True, local_dion=True),
+    "lordo_orth_dion": SyncKind(k_step=True, global_basis="pseudo_gradient", local_dion=True),
 }
 
 OUTER_STEPS = ("average", "nesterov")
@@ -65,7 +74,7 @@ LOWRANK_GRADIENTS = ("projected", "full")
 
 @dataclass(frozen=True)
 class SyncOptions:
-    """Config keys of the `sync` section. None means "the method's default" (see METHODS); keys a method does
+    """Config keys of the `sync` section. None means "the method's default" (see SYNC_KINDS); keys a method does
     not use are accepted and ignored, so one base config can serve every method.
 
     sync_every: K; the pseudo-gradient sync runs after the local step at t % K == 0, t counted from 1 (D12).
@@ -111,8 +120,8 @@ class SyncOptions:
     compress_ef_beta: float = 0.95
 
     @property
-    def method(self) -> Method:
-        return METHODS[self.name]
+    def kind(self) -> SyncKind:
+        return SYNC_KINDS[self.name]
 
     @property
     def compression(self) -> Compression | None:
@@ -125,12 +134,12 @@ class SyncOptions:
     @property
     def projected_gradients(self) -> bool:
         """Whether the low-rank matrices' gradients travel as projections Q^T G every step."""
-        return self.method.global_basis == "gradient" and self.lowrank_gradient == "projected"
+        return self.kind.global_basis == "gradient" and self.lowrank_gradient == "projected"
 
     def is_sync_step(self, step: int) -> bool:
         """Whether replicas hold identical weights after step `step`: every step for per-step methods, t % K == 0
         for K-step methods."""
-        return not self.method.k_step or step % self.sync_every == 0
+        return not self.kind.k_step or step % self.sync_every == 0
 
 
 def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -148,25 +157,25 @@ def sync_options(cfg: Mapping[str, Any]) -> SyncOptions:
     key on an unknown name or key or an out-of-range value."""
     cfg = dict(cfg)
     name = cfg.get("name")
-    if name not in METHODS:
-        raise ValueError(f"sync.name={name!r} is not a sync method: choose one of {sorted(METHODS)}")
+    if name not in SYNC_KINDS:
+        raise ValueError(f"sync.name={name!r} is not a sync kind: choose one of {sorted(SYNC_KINDS)}")
     fields = {f.name for f in dataclasses.fields(SyncOptions)}
     unknown = sorted(set(cfg) - fields)
     if unknown:
-        raise ValueError(f"unknown key(s) sync.{', sync.'.join(unknown)} for sync method {name!r}: "
+        raise ValueError(f"unknown key(s) sync.{', sync.'.join(unknown)} for sync kind {name!r}: "
                          f"valid keys are {sorted(fields)}")
-    method = METHODS[name]
+    kind = SYNC_KINDS[name]
     opts = SyncOptions(**cfg)
     _check_int("sync_every", opts.sync_every, 1, "K, the number of local steps between syncs")
     _check_int("basis_refresh_every", opts.basis_refresh_every, 1, "T, steps between basis refreshes")
-    state_default = opts.sync_every if method.state_sync_default else 0
+    state_default = opts.sync_every if kind.state_sync_default else 0
     opts = dataclasses.replace(
         opts,
-        outer=method.outer if opts.outer is None else opts.outer,
+        outer=kind.outer if opts.outer is None else opts.outer,
         state_sync_u=state_default if opts.state_sync_u is None else opts.state_sync_u,
         state_sync_v=state_default if opts.state_sync_v is None else opts.state_sync_v,
-        state_sync_scope=method.state_scope if opts.state_sync_scope is None else opts.state_sync_scope,
-        state_sync_m=(opts.sync_every if method.local_dion else 0) if opts.state_sync_m is None else opts.state_sync_m,
+        state_sync_scope=kind.state_scope if opts.state_sync_scope is None else opts.state_sync_scope,
+        state_sync_m=(opts.sync_every if kind.local_dion else 0) if opts.state_sync_m is None else opts.state_sync_m,
     )
     _check_choice("outer", opts.outer, OUTER_STEPS)
     _check_choice("lowrank_gradient", opts.lowrank_gradient, LOWRANK_GRADIENTS)
@@ -176,8 +185,8 @@ def sync_options(cfg: Mapping[str, Any]) -> SyncOptions:
     for key in ("probe_cosine", "probe_dense_basis"):
         if not isinstance(getattr(opts, key), bool):
             raise ValueError(f"sync.{key}={getattr(opts, key)!r} is invalid: set true or false")
-    if opts.probe_dense_basis and not (opts.compress and opts.method.global_basis == "pseudo_gradient"
-                                       and not opts.method.local_dion):
+    if opts.probe_dense_basis and not (opts.compress and opts.kind.global_basis == "pseudo_gradient"
+                                       and not opts.kind.local_dion):
         raise ValueError(f"sync.probe_dense_basis=true compares the basis of a compressed pseudo-gradient with the "
                          f"dense one, which sync.name={opts.name!r} with compress={opts.compress} has not: use it with "
                          "sync.compress=true on lordo or lordo_global_noqh")
@@ -193,7 +202,7 @@ def sync_options(cfg: Mapping[str, Any]) -> SyncOptions:
 
 def check_compression(opts: SyncOptions) -> None:
     """ValueError naming the sync.compress_* key out of range, or compress on a method without a pseudo-gradient."""
-    if not opts.method.k_step:
+    if not opts.kind.k_step:
         raise ValueError(f"sync.compress=true compresses the pseudo-gradient, which sync.name={opts.name!r} does not "
                          "send: use a K-step method (diloco, local_adam, lordo, lordo_local, orth_dion_local, ...)")
     if not 0 < opts.compress_density <= 1:

@@ -1,6 +1,6 @@
 """Sync engines: when and what data-parallel workers exchange. Framework-free; every byte through a Communicator.
 
-One engine, parts switched on by the method (options.METHODS):
+One engine, parts switched on by the sync kind (options.SYNC_KINDS):
   per-step      G <- mean_m G_m (ddp; lowrank_ddp sends Q^T G for the low-rank matrices, D9)
   global basis  Q = top-r singular vectors of an all-reduced G (lowrank_ddp, every T steps; LoRDO's first step, D1)
                 or of Delta (LoRDO, every sync), installed in the optimizer with the moments rotated (D4)
@@ -26,8 +26,14 @@ from torch import nn
 
 from lowcomm.distributed.comm import KINDS, Communicator
 from lowcomm.distributed.compression import CompressedPseudoGradient, Compression
-from lowcomm.distributed.options import Method, SyncOptions, sync_options
+from lowcomm.distributed.options import SYNC_KINDS, SyncKind, SyncOptions
 from lowcomm.optim.projection import principal_angles, projection_side, top_basis
+from lowcomm.optim.protocols import (
+    CarriesBasis,
+    CountsStateBytes,
+    ReportsUpdateRMS,
+    SynchronizesItself,
+)
 
 
 def lowrank_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
@@ -57,8 +63,8 @@ class GradientAllReduce:
 class PseudoGradientSync:
     """The K-step sync. Delta = mean_m(W_m - W_anchor) (kind "pseudo_gradient"), then the outer step and W_anchor = W:
     average (D2): W = W_anchor + Delta;
-    nesterov (DiLoCo): SGD with Nesterov momentum on the outer gradient -Delta: b = mu b - Delta,
-        W = W_anchor + lr (Delta - mu b)."""
+    nesterov (DiLoCo): SGD with Nesterov momentum beta_o (sync.outer_momentum) on the outer gradient -Delta:
+        b = beta_o b - Delta, W = W_anchor + lr (Delta - beta_o b)."""
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]], comm: Communicator, outer: str,
                  lr: float, momentum: float, compression: Compression | None = None, seed: int = 0):
@@ -68,7 +74,7 @@ class PseudoGradientSync:
         self.compressed = (CompressedPseudoGradient(self.params, comm, compression, seed) if compression is not None
                            else None)
         self.nesterov = outer == "nesterov"
-        self.lr, self.mu = lr, momentum
+        self.lr, self.outer_momentum = lr, momentum
         self.anchor = [p.detach().clone() for p in self.params]
         self.momentum = [torch.zeros_like(p) for p in self.params] if self.nesterov else []
 
@@ -91,8 +97,8 @@ class PseudoGradientSync:
             self.comm.all_reduce(deltas, "pseudo_gradient")
         for i, (p, a, d) in enumerate(zip(self.params, self.anchor, deltas)):
             if self.nesterov:
-                b = self.momentum[i].mul_(self.mu).sub_(d)
-                a.add_(torch.sub(d, b, alpha=self.mu), alpha=self.lr)
+                b = self.momentum[i].mul_(self.outer_momentum).sub_(d)
+                a.add_(torch.sub(d, b, alpha=self.outer_momentum), alpha=self.lr)
             else:
                 a.add_(d)
             p.copy_(a)
@@ -112,7 +118,7 @@ class PseudoGradientSync:
         for key, tensors in buffers:
             if key not in sd or set(sd[key]) != set(self.names):
                 raise ValueError(f"sync engine state has no matching {key!r} for this model: resume with the "
-                                 "same sync method, outer step and model as the checkpoint")
+                                 "same sync kind, outer step and model as the checkpoint")
             for n, t in zip(self.names, tensors):
                 t.copy_(sd[key][n])
 
@@ -253,7 +259,7 @@ class SyncEngine:
         self.optimizer = optimizer
         self.comm = comm
         self.step = 0
-        method = opts.method
+        kind = opts.kind
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
         lowrank_ids = {id(p) for g in lowrank_groups(optimizer) for p in g["params"]}
@@ -261,29 +267,26 @@ class SyncEngine:
         # With projected gradients the low-rank matrices travel as Q^T G through the optimizer's hook, which also
         # all-reduces the other parameters' G.
         reduced = [p for p in self.params if id(p) not in lowrank_ids] if opts.projected_gradients else self.params
-        self.gradients = GradientAllReduce(reduced, comm) if method.per_step_gradients else None
+        self.gradients = GradientAllReduce(reduced, comm) if kind.per_step_gradients else None
         names = {id(p): n for n, p in named}
         self.basis = None
-        if method.global_basis:
-            self.basis = (GlobalBasis(optimizer, comm, names, optimizer.matrix_params(), "Q") if method.local_dion
-                          else GlobalBasis(optimizer, comm, names, optimizer.lowrank_params(), "basis"))
-        self.lowrank_gradients_reduced = method.per_step_gradients and not opts.projected_gradients
+        if kind.global_basis:
+            self.basis = GlobalBasis(optimizer, comm, names, optimizer.basis_params(), optimizer.basis_key)
+        self.lowrank_gradients_reduced = kind.per_step_gradients and not opts.projected_gradients
         self.pseudo = (PseudoGradientSync(named, comm, opts.outer, opts.outer_lr, opts.outer_momentum,
-                                          opts.compression) if method.k_step else None)
+                                          opts.compression) if kind.k_step else None)
         self.moments = None
-        if method.k_step and (opts.state_sync_u or opts.state_sync_v or opts.state_sync_m):
+        if kind.k_step and (opts.state_sync_u or opts.state_sync_v or opts.state_sync_m):
             scope = lowrank if opts.state_sync_scope == "lowrank" else self.params
             self.moments = MomentAverage(optimizer, scope, comm, opts.state_sync_u, opts.state_sync_v,
                                          opts.state_sync_m)
         self.probe_comm = Communicator(comm.group) if opts.probe_cosine or opts.probe_dense_basis else None
-        self.probe = DirectionProbe(self.params, self.probe_comm) if method.k_step and opts.probe_cosine else None
+        self.probe = DirectionProbe(self.params, self.probe_comm) if kind.k_step and opts.probe_cosine else None
         self.dense_probe = DenseBasisProbe(self.basis, self.probe_comm) if opts.probe_dense_basis else None
         if opts.projected_gradients:
             optimizer.projected_gradient_hook = self._all_reduce_projected
-        if opts.name == "optimizer_sync":
-            optimizer.set_communicator(comm)
-        if method.local_dion:
-            optimizer.set_communicator(None)
+        if isinstance(optimizer, SynchronizesItself):
+            optimizer.set_communicator(comm if kind.optimizer_synchronizes else None)
 
     def _all_reduce_projected(self, projected: list[torch.Tensor]) -> None:
         """Inside optimizer.step(): g <- mean_m g_m for the projected gradients g = Q^T G (kind "projected_gradient"),
@@ -320,7 +323,7 @@ class SyncEngine:
         if clip is not None:
             clip()
         if self.basis is not None:
-            refresh = self.opts.method.global_basis == "gradient" and (step - 1) % self.opts.basis_refresh_every == 0
+            refresh = self.opts.kind.global_basis == "gradient" and (step - 1) % self.opts.basis_refresh_every == 0
             if refresh or self.basis.missing():
                 self.basis.from_gradients(reduce=not self.lowrank_gradients_reduced)
 
@@ -337,7 +340,7 @@ class SyncEngine:
             deltas = self.pseudo()
             if self.probe is not None:
                 self.probe.measure(deltas, step)
-            if self.basis is not None and self.opts.method.global_basis == "pseudo_gradient":
+            if self.basis is not None and self.opts.kind.global_basis == "pseudo_gradient":
                 self.basis.install([deltas[index[id(p)]] for p in self.basis.params])
             if dense is not None:
                 self.dense_probe.measure(dense, step)
@@ -347,9 +350,8 @@ class SyncEngine:
 
     def before_checkpoint(self) -> None:
         """Make the optimizer state identical on every rank where the optimizer can (Dion averages its buffers)."""
-        synchronize = getattr(self.optimizer, "synchronize_for_checkpoint", None)
-        if synchronize is not None:
-            synchronize()
+        if isinstance(self.optimizer, SynchronizesItself):
+            self.optimizer.synchronize_for_checkpoint()
 
     def is_sync_step(self, step: int) -> bool:
         """Whether all replicas hold identical weights after step `step` (a checkpoint point)."""
@@ -391,7 +393,7 @@ class SyncEngine:
         if self.pseudo is not None:
             for kind, n in self.pseudo.state_bytes().items():
                 out[f"memory/{kind}_bytes"] = float(n)
-        if hasattr(self.optimizer, "last_update_rms"):
+        if isinstance(self.optimizer, ReportsUpdateRMS):
             for term, rms in self.optimizer.last_update_rms().items():
                 out[f"update_rms/{term}"] = float(rms)
         if self.basis is not None and self.basis.angles and self.basis.changed_at == self.step:
@@ -409,7 +411,7 @@ class SyncEngine:
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of optimizer state by kind: the optimizer's own `state_bytes()` where it has one; else Adam moments
     (exp_avg, exp_avg_sq) as "adamw_moments" and any other tensor state by its key, step counters excluded."""
-    if hasattr(optimizer, "state_bytes"):
+    if isinstance(optimizer, CountsStateBytes):
         return dict(optimizer.state_bytes())
     totals: dict[str, int] = {}
     for state in optimizer.state.values():
@@ -421,48 +423,51 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
 
 
 def check_optimizer(opts: SyncOptions, optimizer: torch.optim.Optimizer) -> None:
-    """ValueError unless the optimizer fits the method: self-synchronizing optimizers only with optimizer_sync, or the
-    Dion family run locally by the local Dion methods (fixed-rank Orth-Dion where the engine installs a shared Q); a
-    LowRankAdam with basis="external" exactly for the methods that install a global Q, basis="local" for lordo_local
-    with its refresh at every sync (D10); omega == 1 where the full-rank term would use unsynchronized gradients
-    (lowrank_ddp with projected gradients) or defines the method (lordo_global_noqh); no averaging of moments kept in
-    worker-local bases, nor of Dion buffers an optimizer does not have. (LowRankAdam itself rejects a rank larger than
-    a matrix when it is built.)"""
-    name, method = opts.name, opts.method
-    self_syncing = getattr(optimizer, "synchronizes_gradients", False)
+    """ValueError unless the optimizer fits the method (every difference a field of `Method`): self-synchronizing
+    optimizers only where the method lets the optimizer synchronize, or the Dion family run locally by the local Dion
+    methods (fixed-rank Orth-Dion where the engine installs a shared Q); a LowRankAdam with the basis the method
+    needs ("external" exactly where a global Q is installed; "local" refreshed at every sync where the method says so,
+    D10); omega == 1 where the method has no full-rank term or that term would use unsynchronized gradients (projected
+    gradients); no averaging of moments kept in worker-local bases, nor of Dion buffers an optimizer does not have.
+    (LowRankAdam itself rejects a rank larger than a matrix when it is built.)"""
+    name, kind = opts.name, opts.kind
+    self_syncing = isinstance(optimizer, SynchronizesItself)
     dion = dion_groups(optimizer)
-    if method.local_dion:
-        _check_local_dion(name, method, optimizer, dion)
-    elif name == "optimizer_sync" and not self_syncing:
-        raise ValueError(f"sync.name='optimizer_sync' needs an optimizer that synchronizes itself (Dion, Orth-Dion); "
+    syncing_kinds = sorted(n for n, m in SYNC_KINDS.items() if m.optimizer_synchronizes)
+    if kind.local_dion:
+        _check_local_dion(name, kind, optimizer, dion)
+    elif kind.optimizer_synchronizes and not self_syncing:
+        raise ValueError(f"sync.name={name!r} needs an optimizer that synchronizes itself (Dion, Orth-Dion); "
                          f"{type(optimizer).__name__} does not: use sync.name='ddp' or a K-step method")
-    elif name != "optimizer_sync" and self_syncing:
-        raise ValueError(f"{type(optimizer).__name__} synchronizes its own gradients: use sync.name='optimizer_sync' "
-                         "(or run it locally with sync.name='orth_dion_local' or 'lordo_orth_dion')")
-    if method.k_step and opts.state_sync_m and not dion:
+    elif not kind.optimizer_synchronizes and self_syncing:
+        raise ValueError(f"{type(optimizer).__name__} synchronizes its own gradients: use sync.name="
+                         f"{' or '.join(map(repr, syncing_kinds))} (or run it locally with sync.name="
+                         f"{' or '.join(repr(n) for n, m in SYNC_KINDS.items() if m.local_dion)})")
+    if kind.k_step and opts.state_sync_m and not dion:
         raise ValueError(f"sync.state_sync_m={opts.state_sync_m} averages Dion's buffers M, but "
                          f"{type(optimizer).__name__} has none: set sync.state_sync_m=0")
     groups = lowrank_groups(optimizer)
-    if method.optimizer_basis and not groups:
+    if kind.optimizer_basis and not (groups and isinstance(optimizer, CarriesBasis)):
         raise ValueError(f"sync.name={name!r} needs a low-rank optimizer (LowRankAdam with basis="
-                         f"{method.optimizer_basis!r}); {type(optimizer).__name__} has no low-rank parameter groups")
+                         f"{kind.optimizer_basis!r}); {type(optimizer).__name__} has no low-rank parameter groups")
     for g in groups:
         basis = g.get("basis")
-        if method.optimizer_basis and basis != method.optimizer_basis:
-            raise ValueError(f"sync.name={name!r} needs the low-rank groups' basis={method.optimizer_basis!r}, "
-                             f"got basis={basis!r}: set optim.basis={method.optimizer_basis!r}")
-        if not method.global_basis and basis == "external":
+        if kind.optimizer_basis and basis != kind.optimizer_basis:
+            raise ValueError(f"sync.name={name!r} needs the low-rank groups' basis={kind.optimizer_basis!r}, "
+                             f"got basis={basis!r}: set optim.basis={kind.optimizer_basis!r}")
+        if not kind.global_basis and basis == "external":
             raise ValueError(f"low-rank groups with basis='external' get Q only from a global-basis method "
-                             f"(lowrank_ddp, lordo, lordo_global_noqh), not sync.name={name!r}: "
-                             "set optim.basis='local'")
-        if (name == "lordo_global_noqh" or opts.projected_gradients) and g.get("omega") != 1:
-            why = ("is LoRDO without the full-rank term" if name == "lordo_global_noqh" else
+                             f"({', '.join(n for n, m in SYNC_KINDS.items() if m.optimizer_basis == 'external')}), "
+                             f"not sync.name={name!r}: set optim.basis='local'")
+        if (not kind.full_rank_term or opts.projected_gradients) and g.get("omega") != 1:
+            why = ("is defined without the full-rank term" if not kind.full_rank_term else
                    "with projected gradients cannot synchronize the full-rank term, which uses the local G")
             raise ValueError(f"sync.name={name!r} {why}: set optim.omega=1 (got {g.get('omega')!r})")
-        if name == "lordo_local" and g.get("refresh_every") != opts.sync_every:
-            raise ValueError(f"lordo_local refreshes each worker's Q at every sync (D10): set optim.refresh_every "
-                             f"equal to sync.sync_every={opts.sync_every} (got {g.get('refresh_every')!r})")
-    if method.k_step and (opts.state_sync_u or opts.state_sync_v or opts.state_sync_m):
+        if kind.basis_refresh_at_sync and g.get("refresh_every") != opts.sync_every:
+            raise ValueError(f"sync.name={name!r} refreshes each worker's Q at every sync (D10): set "
+                             f"optim.refresh_every equal to sync.sync_every={opts.sync_every} "
+                             f"(got {g.get('refresh_every')!r})")
+    if kind.k_step and (opts.state_sync_u or opts.state_sync_v or opts.state_sync_m):
         if opts.state_sync_scope == "lowrank" and not groups:
             raise ValueError(f"sync.state_sync_scope='lowrank' averages low-rank moments, but "
                              f"{type(optimizer).__name__} has none: set sync.state_sync_scope='all' or use a low-rank "
@@ -473,19 +478,18 @@ def check_optimizer(opts: SyncOptions, optimizer: torch.optim.Optimizer) -> None
                              "sync.state_sync_v=0")
 
 
-def _check_local_dion(name: str, method: Method, optimizer: torch.optim.Optimizer, dion: list[dict]) -> None:
+def _check_local_dion(name: str, kind: SyncKind, optimizer: torch.optim.Optimizer, dion: list[dict]) -> None:
     if not dion:
         raise ValueError(f"sync.name={name!r} runs the Dion family locally between syncs; {type(optimizer).__name__} "
                          "has no Dion matrices: set optim.name='orth_dion'")
-    if method.global_basis and any(g["normalization"] != "qr" or g["adaptive_rank"] for g in dion):
+    if kind.global_basis and any(g["normalization"] != "qr" or g["adaptive_rank"] for g in dion):
         raise ValueError(f"sync.name={name!r} gives every worker the same orthonormal right factor Q of a fixed rank: "
                          "it needs fixed-rank Orth-Dion: set optim.name='orth_dion'")
 
 
-def build_sync_engine(sync_cfg: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+def build_sync_engine(opts: SyncOptions, model: nn.Module, optimizer: torch.optim.Optimizer,
                       comm: Communicator) -> SyncEngine:
-    """The engine of `sync_cfg["name"]` for this replica; ValueError before training on a bad config or an
-    optimizer that does not fit the method."""
-    opts = sync_options(sync_cfg)
+    """The engine of the parsed sync options (lowcomm.distributed.options.sync_options) for this replica; ValueError
+    before training on an optimizer that does not fit the method."""
     check_optimizer(opts, optimizer)
     return SyncEngine(opts, model, optimizer, comm)

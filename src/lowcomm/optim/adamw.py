@@ -7,11 +7,24 @@ Every method steps its non-matrix parameters (embeddings, head, norms) with the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from lowcomm.optim.groups import param_groups
-from lowcomm.optim.registry import register
+from lowcomm.optim.registry import register, require
+
+
+def check_adamw_options(opts: Any) -> None:
+    """What torch.optim.AdamW rejects, in the config's words: lr >= 0 (and adamw_lr, where an optimizer has one),
+    betas in [0, 1), eps >= 0, weight_decay >= 0."""
+    for key in ("lr", "adamw_lr"):
+        value = getattr(opts, key, None)
+        require(value is None or value >= 0, f"optim.{key}={value} is invalid: use {key} >= 0")
+    for index, beta in enumerate(opts.betas):
+        require(0 <= beta < 1, f"optim.betas has {beta} at index {index}: use betas in [0, 1)")
+    require(opts.eps >= 0, f"optim.eps={opts.eps} is invalid: use eps >= 0")
+    require(opts.weight_decay >= 0, f"optim.weight_decay={opts.weight_decay} is invalid: use weight_decay >= 0")
 
 
 @dataclass(frozen=True)
@@ -20,6 +33,9 @@ class AdamWOptions:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_adamw_options(self)
 
 
 class AdamWPart:

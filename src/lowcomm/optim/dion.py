@@ -3,7 +3,7 @@ the choices it leaves open: docs/decisions.md).
 
 Per hidden matrix X (m x n = d_out x d_in), with B = tall(M) (a x b, a >= b: M, or M^T when m < n):
     M <- M + G;   P = orth(B Q);   W = B^T P
-    M <- beta B - (beta - mu) P W^T                   (D15: beta = ef_beta; beta = 1 is Dion's M - (1 - mu) P W^T)
+    M <- beta B - (beta - mu) P W^T                   (D15: beta = ef_beta, mu = captured_share; beta = 1 is Dion's)
     Q <- colnorm(W) (Dion)  or  orth(W) with diag(R) > 0 (Orth-Dion)
     X <- (1 - lr wd) X - lr sqrt(m / n) untall(P Q^T)
 Embeddings, the output head and norms take AdamW steps in the same optimizer (param groups with `algorithm`).
@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from lowcomm.optim.adamw import AdamWPart
+from lowcomm.optim.adamw import AdamWPart, check_adamw_options
 from lowcomm.optim.collective import AllReduce
 from lowcomm.optim.groups import param_groups
 from lowcomm.optim.projection import top_basis
-from lowcomm.optim.registry import register
+from lowcomm.optim.registry import register, require
 from lowcomm.optim.spectral import dual_ky_fan_factor, effective_rank
 
 ALGORITHMS = ("dion", "adamw")
@@ -184,7 +186,8 @@ class Dion(torch.optim.Optimizer):
     groups with algorithm="dion" (2-D matrices); AdamW for groups with algorithm="adamw" (lr `adamw_lr`, or `lr`).
 
     Every option is a param-group default, so groups may override it. rank_fraction: r = ceil(f min(m, n));
-    mu: share of the captured part kept in M; ef_beta: scale of the uncaptured tail (D15, 1.0 = Dion);
+    captured_share: mu of D15, the share of the captured part P W^T kept in M (M <- beta B - (beta - mu) P W^T);
+    ef_beta: beta of D15, the scale of the uncaptured tail (1.0 = Dion);
     qr_method: "householder" or "cholesky_qr" (CholeskyQR2, Householder fallback). Ada-Orth-Dion: the rank
     starts at r_cap = ceil(rank_fraction_max min(m, n)) (rank_fraction_max defaults to rank_fraction) and every
     `adapt_every` steps follows next_rank() with rank_gamma, rank_ema and r_min. Q starts as N(0, 1) seeded by
@@ -196,16 +199,17 @@ class Dion(torch.optim.Optimizer):
 
     synchronizes_gradients = True
 
-    def __init__(self, params, lr: float = 0.01, mu: float = 0.95, ef_beta: float = 1.0,
+    def __init__(self, params, lr: float = 0.01, captured_share: float = 0.95, ef_beta: float = 1.0,
                  rank_fraction: float = 0.25, normalization: str = "column", qr_method: str = "householder",
                  weight_decay: float = 0.01, adaptive_rank: bool = False, adapt_every: int = 1,
                  rank_fraction_max: float | None = None, r_min: int = 16, rank_gamma: float = 2.0,
                  rank_ema: float = 0.9, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
                  adamw_lr: float | None = None, seed: int = 0, communicator: AllReduce | None = None):
-        defaults = dict(algorithm="dion", lr=lr, mu=mu, ef_beta=ef_beta, rank_fraction=rank_fraction,
-                        normalization=normalization, qr_method=qr_method, weight_decay=weight_decay,
-                        adaptive_rank=adaptive_rank, adapt_every=adapt_every, rank_fraction_max=rank_fraction_max,
-                        r_min=r_min, rank_gamma=rank_gamma, rank_ema=rank_ema, betas=tuple(betas), eps=eps)
+        defaults = dict(algorithm="dion", lr=lr, captured_share=captured_share, ef_beta=ef_beta,
+                        rank_fraction=rank_fraction, normalization=normalization, qr_method=qr_method,
+                        weight_decay=weight_decay, adaptive_rank=adaptive_rank, adapt_every=adapt_every,
+                        rank_fraction_max=rank_fraction_max, r_min=r_min, rank_gamma=rank_gamma, rank_ema=rank_ema,
+                        betas=tuple(betas), eps=eps)
         groups = _as_groups(params)
         if adamw_lr is not None:
             for group in groups:
@@ -267,6 +271,12 @@ class Dion(torch.optim.Optimizer):
     def matrix_params(self) -> list[Tensor]:
         """The Dion matrices (groups with algorithm="dion"), in group order."""
         return [p for g in self.param_groups if g["algorithm"] == "dion" for p in g["params"]]
+
+    basis_key = "Q"  # state[p]["Q"]: the right factor of a Dion matrix (lowcomm.optim.protocols.CarriesBasis)
+
+    def basis_params(self) -> list[Tensor]:
+        """The parameters whose right factors set_bases_from replaces: the Dion matrices."""
+        return self.matrix_params()
 
     @torch.no_grad()
     def set_bases_from(self, matrices: list[Tensor]) -> None:
@@ -362,7 +372,7 @@ class Dion(torch.optim.Optimizer):
     def _finish_matrix(self, mat: _MatrixStep, q: Tensor) -> None:
         """Error feedback, the new right factor q, the weight update and the rank controller of one matrix."""
         group, state, p = mat.group, mat.state, mat.param
-        beta, mu = group["ef_beta"], group["mu"]
+        beta, mu = group["ef_beta"], group["captured_share"]
         _add_tall_product(state["momentum"], mat.P, mat.W, mat.transposed, alpha=-(beta - mu), beta=beta)
         state["Q"] = torch.where(mat.nonzero, q, state["Q"])
         m, n = p.shape
@@ -450,7 +460,7 @@ def _compute_dtype(p: Tensor) -> torch.dtype:
     return torch.promote_types(p.dtype, torch.float32)
 
 
-def _rank_fraction_max(group: dict) -> float:
+def _rank_fraction_max(group: Mapping[str, Any]) -> float:
     value = group["rank_fraction_max"]
     return group["rank_fraction"] if value is None else value
 
@@ -463,55 +473,65 @@ def _autocast_disabled(device_types: set[str]):
         yield
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+def matrix_rules(options: Mapping[str, Any]) -> list[tuple[bool, str, str]]:
+    """(holds, key, requirement) of the Dion matrix options, the same for a param group and the config's options."""
+    return [
+        (0 < options["rank_fraction"] <= 1, "rank_fraction", "must lie in (0, 1]"),
+        (0 <= options["captured_share"] < 1, "captured_share", "must lie in [0, 1)"),
+        (0 <= options["ef_beta"] <= 1, "ef_beta", "must lie in [0, 1] (1.0 is Dion's rule)"),
+        (options["qr_method"] in QR_METHODS, "qr_method", f"is unknown: use one of {QR_METHODS}"),
+    ]
+
+
+def adaptive_rank_rules(options: Mapping[str, Any]) -> list[tuple[bool, str, str]]:
+    """(holds, key, requirement) of Ada-Orth-Dion's rank-controller options."""
+    return [
+        (0 < _rank_fraction_max(options) <= 1, "rank_fraction_max", "must lie in (0, 1]"),
+        (options["r_min"] >= 1, "r_min", "must be >= 1"),
+        (options["rank_gamma"] > 0, "rank_gamma", "must be > 0"),
+        (0 <= options["rank_ema"] < 1, "rank_ema", "must lie in [0, 1)"),
+        (int(options["adapt_every"]) == options["adapt_every"] >= 1, "adapt_every", "must be an integer >= 1"),
+    ]
 
 
 def _validate_group(group: dict, index: int) -> None:
     """ValueError naming the option (or parameter) and the fix."""
     where = f"Dion param_groups[{index}]"
-    _check(group["algorithm"] in ALGORITHMS,
-           f"{where}: algorithm={group['algorithm']!r} is unknown: use one of {ALGORITHMS}")
-    _check(group["lr"] >= 0, f"{where}: lr={group['lr']} must be >= 0")
-    _check(group["weight_decay"] >= 0, f"{where}: weight_decay={group['weight_decay']} must be >= 0")
+    require(group["algorithm"] in ALGORITHMS,
+            f"{where}: algorithm={group['algorithm']!r} is unknown: use one of {ALGORITHMS}")
+    require(group["lr"] >= 0, f"{where}: lr={group['lr']} must be >= 0")
+    require(group["weight_decay"] >= 0, f"{where}: weight_decay={group['weight_decay']} must be >= 0")
     if group["algorithm"] == "adamw":
         beta1, beta2 = group["betas"]
-        _check(0 <= beta1 < 1 and 0 <= beta2 < 1, f"{where}: betas={group['betas']} must lie in [0, 1)")
-        _check(group["eps"] > 0, f"{where}: eps={group['eps']} must be > 0")
+        require(0 <= beta1 < 1 and 0 <= beta2 < 1, f"{where}: betas={group['betas']} must lie in [0, 1)")
+        require(group["eps"] > 0, f"{where}: eps={group['eps']} must be > 0")
         return
-    _check(0 < group["rank_fraction"] <= 1, f"{where}: rank_fraction={group['rank_fraction']} must lie in (0, 1]")
-    _check(0 <= group["mu"] < 1, f"{where}: mu={group['mu']} must lie in [0, 1)")
-    _check(0 <= group["ef_beta"] <= 1, f"{where}: ef_beta={group['ef_beta']} must lie in [0, 1] (1.0 is Dion's rule)")
-    _check(group["normalization"] in NORMALIZATIONS,
-           f"{where}: normalization={group['normalization']!r} is unknown: use 'column' (Dion) or 'qr' (Orth-Dion)")
-    _check(group["qr_method"] in QR_METHODS,
-           f"{where}: qr_method={group['qr_method']!r} is unknown: use one of {QR_METHODS}")
+    rules = matrix_rules(group)
+    rules.append((group["normalization"] in NORMALIZATIONS, "normalization",
+                  "is unknown: use 'column' (Dion) or 'qr' (Orth-Dion)"))
     if group["adaptive_rank"]:
-        _check(group["normalization"] == "qr",
-               f"{where}: adaptive_rank=True is Ada-Orth-Dion and needs normalization='qr' (got "
-               f"{group['normalization']!r}): use optim.name=ada_orth_dion")
-        _check(0 < _rank_fraction_max(group) <= 1,
-               f"{where}: rank_fraction_max={group['rank_fraction_max']} must lie in (0, 1]")
-        _check(group["r_min"] >= 1, f"{where}: r_min={group['r_min']} must be >= 1")
-        _check(group["rank_gamma"] > 0, f"{where}: rank_gamma={group['rank_gamma']} must be > 0")
-        _check(0 <= group["rank_ema"] < 1, f"{where}: rank_ema={group['rank_ema']} must lie in [0, 1)")
-        _check(int(group["adapt_every"]) == group["adapt_every"] >= 1,
-               f"{where}: adapt_every={group['adapt_every']} must be an integer >= 1")
+        rules.append((group["normalization"] == "qr", "adaptive_rank",
+                      "is Ada-Orth-Dion and needs normalization='qr' (not 'column'): use optim.name=ada_orth_dion"))
+        rules += adaptive_rank_rules(group)
+    for ok, key, requirement in rules:
+        require(ok, f"{where}: {key}={group[key]!r} {requirement}")
     names = group.get("names") or [None] * len(group["params"])
     for position, (p, name) in enumerate(zip(group["params"], names)):
         label = repr(name) if name else f"params[{position}]"
-        _check(p.ndim == 2,
-               f"{where}: parameter {label} of shape {tuple(p.shape)} is {p.ndim}-D but algorithm='dion' needs "
-               "2-D matrices: put it in a group with algorithm='adamw' (lowcomm.optim.param_groups does this)")
+        require(p.ndim == 2,
+                f"{where}: parameter {label} of shape {tuple(p.shape)} is {p.ndim}-D but algorithm='dion' needs "
+                "2-D matrices: put it in a group with algorithm='adamw' (lowcomm.optim.param_groups does this)")
 
 
 # ----------------------------------------------------------------------------------------------- registry
 
 @dataclass(frozen=True)
 class DionOptions:
+    """Config keys of Dion and Orth-Dion: rank_fraction f (r = ceil(f min(m, n))), captured_share mu and ef_beta
+    beta of D15 (M <- beta B - (beta - mu) P W^T); lr, betas, eps, weight_decay and adamw_lr also serve AdamW."""
+
     lr: float = 0.01
-    mu: float = 0.95
+    captured_share: float = 0.95
     ef_beta: float = 1.0
     rank_fraction: float = 0.25
     qr_method: str = "householder"
@@ -521,14 +541,30 @@ class DionOptions:
     adamw_lr: float | None = None
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        require(self.eps > 0, f"optim.eps={self.eps} is invalid: use eps > 0")
+        check_adamw_options(self)
+        self._check_rules(matrix_rules(asdict(self)))
+
+    def _check_rules(self, rules: list[tuple[bool, str, str]]) -> None:
+        for ok, key, requirement in rules:
+            require(ok, f"optim.{key}={getattr(self, key)!r} {requirement}")
+
 
 @dataclass(frozen=True)
 class AdaOrthDionOptions(DionOptions):
+    """Dion's keys and the rank controller's: r_cap = ceil(rank_fraction_max min(m, n)), r_min, rank_gamma,
+    rank_ema, adapt_every (next_rank)."""
+
     adapt_every: int = 1
     rank_fraction_max: float | None = None
     r_min: int = 16
     rank_gamma: float = 2.0
     rank_ema: float = 0.9
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_rules(adaptive_rank_rules(asdict(self)))
 
 
 def _build(opts: DionOptions, model, **fixed) -> Dion:

@@ -4,7 +4,7 @@ Per 2-D matrix W (p x q) with orthonormal basis Q (spec "Local step"; G is the g
     A = G + E;  g = project(A, Q);  E = A - lift(g, Q)                 (error feedback, optional)
     u = b1 u + (1 - b1) g;  v = b2 v + (1 - b2) g*g;  uh, vh bias-corrected
     low  = lift(uh / (sqrt(vh) + eps), Q)
-    full = G / (mu (sqrt(lift(vh)) + eps))                             (quasi-hyperbolic term, D3)
+    full = G / (mu (sqrt(lift(vh)) + eps))                             (quasi-hyperbolic term, D3; mu = qh_scale)
     W   <- W (1 - lr wd) - lr ((1 - omega) full + omega low)
 Other parameters (embeddings, head, norms) take torch.optim.AdamW steps, the same in every method (D7).
 """
@@ -12,13 +12,14 @@ Other parameters (embeddings, head, norms) take torch.optim.AdamW steps, the sam
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from lowcomm.optim.adamw import AdamWOptions, AdamWPart
+from lowcomm.optim.adamw import AdamWOptions, AdamWPart, check_adamw_options
 from lowcomm.optim.groups import hidden_matrices, param_groups
 from lowcomm.optim.projection import (
     BASIS_METHODS,
@@ -33,7 +34,7 @@ from lowcomm.optim.projection import (
     rotate_moments,
     top_basis,
 )
-from lowcomm.optim.registry import register
+from lowcomm.optim.registry import register, require
 
 ALGORITHMS = ("lowrank", "adamw")
 QH_DENOMINATORS = ("rank_mean", "lift", "scalar")
@@ -43,6 +44,22 @@ ProjectedGradientHook = Callable[[list[torch.Tensor]], None]
 
 def _nbytes(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else tensor.numel() * tensor.element_size()
+
+
+def lowrank_rules(options: Mapping[str, Any]) -> list[tuple[bool, str, str]]:
+    """(holds, key, fix) of the low-rank options' rules, the same for a param group and for the config's options."""
+    refresh = options["refresh_every"]
+    return [
+        (0 <= options["omega"] <= 1, "omega", "use omega in [0, 1] (1 removes the full-rank term)"),
+        (options["qh_scale"] > 0, "qh_scale", "use qh_scale > 0"),
+        (options["qh_denominator"] in QH_DENOMINATORS, "qh_denominator", f"use one of {QH_DENOMINATORS}"),
+        (options["rotation"] in ROTATIONS, "rotation", f"use one of {ROTATIONS}"),
+        (options["basis"] in BASIS_SOURCES, "basis", f"use one of {BASIS_SOURCES}"),
+        (options["basis_method"] in BASIS_METHODS, "basis_method", f"use one of {BASIS_METHODS}"),
+        (isinstance(refresh, int) and not isinstance(refresh, bool) and refresh >= 1, "refresh_every",
+         "use an integer >= 1"),
+        (isinstance(options["error_feedback"], bool), "error_feedback", "use True or False"),
+    ]
 
 
 class LowRankAdam(torch.optim.Optimizer):
@@ -64,7 +81,7 @@ class LowRankAdam(torch.optim.Optimizer):
         error_feedback: bool = True,
         omega: float = 0.7,
         qh_denominator: str = "rank_mean",
-        mu: float = 1.0,
+        qh_scale: float = 1.0,
         bias_correction: bool = True,
         rotation: str = "rotate",
         basis: str = "external",
@@ -73,7 +90,7 @@ class LowRankAdam(torch.optim.Optimizer):
     ):
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, rank=rank,
-            error_feedback=error_feedback, omega=omega, qh_denominator=qh_denominator, mu=mu,
+            error_feedback=error_feedback, omega=omega, qh_denominator=qh_denominator, qh_scale=qh_scale,
             bias_correction=bias_correction, rotation=rotation, basis=basis, refresh_every=refresh_every,
             basis_method=basis_method,
         )
@@ -106,7 +123,9 @@ class LowRankAdam(torch.optim.Optimizer):
             )
         self._validate_adam_options(group, where)
         if algorithm == "lowrank":
-            self._validate_lowrank_options(group, where)
+            for ok, key, fix in lowrank_rules(group):
+                if not ok:
+                    raise ValueError(f"{where}: {key}={group[key]!r} is invalid: {fix}")
             for name, p in zip(self._names(group), group["params"]):
                 self._validate_lowrank_param(name, p, group["rank"])
 
@@ -119,27 +138,6 @@ class LowRankAdam(torch.optim.Optimizer):
             (group["eps"] >= 0, f"eps={group['eps']}", "use eps >= 0"),
             (group["weight_decay"] >= 0, f"weight_decay={group['weight_decay']}", "use weight_decay >= 0"),
             (isinstance(group["bias_correction"], bool), f"bias_correction={group['bias_correction']!r}",
-             "use True or False"),
-        ]
-        for ok, what, fix in checks:
-            if not ok:
-                raise ValueError(f"{where}: {what} is invalid: {fix}")
-
-    @staticmethod
-    def _validate_lowrank_options(group: dict, where: str) -> None:
-        refresh = group["refresh_every"]
-        checks = [
-            (0 <= group["omega"] <= 1, f"omega={group['omega']}", "use omega in [0, 1] (1 removes the full-rank term)"),
-            (group["mu"] > 0, f"mu={group['mu']}", "use mu > 0"),
-            (group["qh_denominator"] in QH_DENOMINATORS, f"qh_denominator={group['qh_denominator']!r}",
-             f"use one of {QH_DENOMINATORS}"),
-            (group["rotation"] in ROTATIONS, f"rotation={group['rotation']!r}", f"use one of {ROTATIONS}"),
-            (group["basis"] in BASIS_SOURCES, f"basis={group['basis']!r}", f"use one of {BASIS_SOURCES}"),
-            (group["basis_method"] in BASIS_METHODS, f"basis_method={group['basis_method']!r}",
-             f"use one of {BASIS_METHODS}"),
-            (isinstance(refresh, int) and not isinstance(refresh, bool) and refresh >= 1,
-             f"refresh_every={refresh!r}", "use an integer >= 1"),
-            (isinstance(group["error_feedback"], bool), f"error_feedback={group['error_feedback']!r}",
              "use True or False"),
         ]
         for ok, what, fix in checks:
@@ -164,6 +162,12 @@ class LowRankAdam(torch.optim.Optimizer):
     def lowrank_params(self) -> list[torch.Tensor]:
         """The low-rank parameters, in group order (the order of the projected-gradient hook's list)."""
         return [p for group in self.param_groups if group["algorithm"] == "lowrank" for p in group["params"]]
+
+    basis_key = "basis"  # state[p]["basis"]: Q of a low-rank parameter (lowcomm.optim.protocols.CarriesBasis)
+
+    def basis_params(self) -> list[torch.Tensor]:
+        """The parameters whose bases set_bases_from replaces: the low-rank ones."""
+        return self.lowrank_params()
 
     def _lowrank_group(self, p: torch.Tensor) -> dict:
         for group in self.param_groups:
@@ -305,9 +309,9 @@ class LowRankAdam(torch.optim.Optimizer):
     def _apply_full_term(
         self, p: torch.Tensor, group: dict, v: torch.Tensor, Q: torch.Tensor, side: str, c2: float
     ) -> torch.Tensor:
-        """W -= lr (1 - omega) G / (mu (sqrt(lift(vh)) + eps)); returns ||(1 - omega) G / (...)||_F^2."""
+        """W -= lr (1 - omega) G / (mu (sqrt(lift(vh)) + eps)), mu = qh_scale; returns ||(1 - omega) G / (...)||_F^2."""
         vh_lifted = self._qh_second_moment(group, v, Q, side).div_(c2)
-        denominator = vh_lifted.sqrt_().add_(group["eps"]).mul_(group["mu"] / (1 - group["omega"]))
+        denominator = vh_lifted.sqrt_().add_(group["eps"]).mul_(group["qh_scale"] / (1 - group["omega"]))
         full = p.grad / denominator
         p.add_(full, alpha=-group["lr"])
         return torch.linalg.vector_norm(full).square()
@@ -370,21 +374,33 @@ class LowRankAdam(torch.optim.Optimizer):
 # ---------------------------------------------------------------------------------- registry entries
 @dataclass(frozen=True)
 class LowRankAdamOptions(AdamWOptions):
-    """Config keys of the low-rank Adam family; these defaults are LoRDO's local step. The rank is
-    `rank` when given, else round(rank_fraction * d) with d the smallest min(p, q) of the hidden
-    matrices (d_model in a transformer: the paper's r = d/8)."""
+    """Config keys of the low-rank Adam family; these defaults are LoRDO's local step. The rank is `rank` when
+    given, else r = round(rank_share_of_smallest_dim * d) with d the smallest min(p, q) of the hidden matrices
+    (d_model in a transformer: the paper's r = d/8). qh_scale is the mu of the full-rank term (D3):
+        full = G / (mu (sqrt(lift(vh)) + eps))"""
 
     rank: int | None = None
-    rank_fraction: float = 0.125
+    rank_share_of_smallest_dim: float = 0.125
     error_feedback: bool = True
     omega: float = 0.7
     qh_denominator: str = "rank_mean"
-    mu: float = 1.0
+    qh_scale: float = 1.0
     bias_correction: bool = True
     rotation: str = "rotate"
     basis: str = "external"
     refresh_every: int = 1
     basis_method: str = "svd"
+
+    def __post_init__(self) -> None:
+        check_adamw_options(self)
+        require(self.rank is None or self.rank >= 1,
+                f"optim.rank={self.rank} is invalid: use an integer rank >= 1, or leave optim.rank unset for "
+                "round(optim.rank_share_of_smallest_dim x d)")
+        require(0 < self.rank_share_of_smallest_dim <= 1,
+                f"optim.rank_share_of_smallest_dim={self.rank_share_of_smallest_dim} is invalid: use a share in "
+                "(0, 1] or set optim.rank")
+        for ok, key, fix in lowrank_rules(asdict(self)):
+            require(ok, f"optim.{key}={getattr(self, key)!r} is invalid: {fix}")
 
 
 @dataclass(frozen=True)
@@ -411,18 +427,18 @@ class LDAdamOptions(LowRankAdamOptions):
 
 
 def resolve_rank(opts: LowRankAdamOptions, model: nn.Module) -> int:
-    """`opts.rank`, or round(rank_fraction * smallest min(p, q) over the hidden matrices), at least 1."""
-    if opts.rank is not None:
-        return opts.rank
-    if not 0 < opts.rank_fraction <= 1:
-        raise ValueError(
-            f"optim.rank_fraction={opts.rank_fraction} is invalid: use a fraction in (0, 1] or set optim.rank"
-        )
+    """`opts.rank` (at most d), or round(rank_share_of_smallest_dim * d) and at least 1, with d the smallest min(p, q)
+    over the hidden matrices."""
     matrices = hidden_matrices(model)
     if not matrices:
         raise ValueError("the model has no 2-D hidden matrices for a low-rank optimizer: use optim.name=adamw")
-    smallest = min(min(p.shape) for _, p in matrices)
-    return max(1, round(opts.rank_fraction * smallest))
+    name, smallest = min(matrices, key=lambda named: min(named[1].shape))
+    d = min(smallest.shape)
+    if opts.rank is None:
+        return max(1, round(opts.rank_share_of_smallest_dim * d))
+    require(opts.rank <= d, f"optim.rank={opts.rank} is invalid for the hidden matrix {name!r} of shape "
+                            f"{tuple(smallest.shape)}: use an integer rank between 1 and min(p, q) = {d}")
+    return opts.rank
 
 
 @register("lordo_local_step", LowRankAdamOptions)
@@ -430,5 +446,5 @@ def resolve_rank(opts: LowRankAdamOptions, model: nn.Module) -> int:
 @register("galore", GaLoreOptions)
 def build_lowrank_adam(opts: LowRankAdamOptions, model: nn.Module) -> LowRankAdam:
     groups = param_groups(model, "lowrank", opts.weight_decay, rank=resolve_rank(opts, model))
-    options = {k: v for k, v in asdict(opts).items() if k not in ("rank", "rank_fraction", "weight_decay")}
+    options = {k: v for k, v in asdict(opts).items() if k not in ("rank", "rank_share_of_smallest_dim", "weight_decay")}
     return LowRankAdam(groups, **options)

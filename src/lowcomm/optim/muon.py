@@ -11,9 +11,11 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from lowcomm.optim.adamw import AdamWPart
+from lowcomm.optim.adamw import AdamWPart, check_adamw_options
 from lowcomm.optim.groups import param_groups
-from lowcomm.optim.registry import register
+from lowcomm.optim.registry import register, require
+
+ADJUST_LR_FNS = ("original", "match_rms_adamw")
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -61,6 +63,14 @@ class MuonOptions:
     adamw_lr: float | None = None
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        """What torch.optim.Muon and AdamW reject, as `optim.<key>` errors (momentum >= 0, a known adjust_lr_fn)."""
+        check_adamw_options(self)
+        require(self.momentum >= 0, f"optim.momentum={self.momentum} is invalid: use momentum >= 0")
+        require(self.ns_steps >= 1, f"optim.ns_steps={self.ns_steps} is invalid: use an integer >= 1")
+        require(self.adjust_lr_fn is None or self.adjust_lr_fn in ADJUST_LR_FNS,
+                f"optim.adjust_lr_fn={self.adjust_lr_fn!r} is invalid: use one of {ADJUST_LR_FNS} or null")
 
 
 @register("muon", MuonOptions)

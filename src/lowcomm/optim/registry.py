@@ -1,7 +1,8 @@
 """Optimizer registry: `build_optimizer(cfg, model)` turns the config's `optim` section into an optimizer.
 
 Each entry names an options dataclass (its config keys and defaults) and a builder. The config is
-checked against the dataclass before anything is built, so an unknown key fails with its name.
+checked against the dataclass before anything is built, so an unknown key fails with its name, and each options
+dataclass checks its values when it is made, so a bad value fails as `optim.<key>=<value>` with the fix.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ class Entry:
 
 OPTIMIZERS: dict[str, Entry] = {}
 
+# option keys that were renamed, as stored run configs may still hold them: {optimizer: {old key: current key}}
+LEGACY_KEYS: dict[str, dict[str, str]] = {
+    **dict.fromkeys(("lordo_local_step", "ldadam", "galore"),
+                    {"mu": "qh_scale", "rank_fraction": "rank_share_of_smallest_dim"}),
+    **dict.fromkeys(("dion", "orth_dion", "ada_orth_dion"), {"mu": "captured_share"}),
+}
+
 
 def register(name: str, options: type) -> Callable[[Builder], Builder]:
     """Decorator: register `build(opts, model)` under `name` with the options dataclass `options`."""
@@ -40,12 +48,30 @@ def register(name: str, options: type) -> Callable[[Builder], Builder]:
     return wrap
 
 
+def require(ok: bool, message: str) -> None:
+    """An options check: ValueError(message) unless ok (the message names `optim.<key>=<value>` and the fix)."""
+    if not ok:
+        raise ValueError(message)
+
+
+def current_keys(name: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """`cfg` with every legacy key of optimizer `name` (LEGACY_KEYS) under its current name; ValueError when a
+    config gives both names of one option."""
+    renamed = LEGACY_KEYS.get(name, {})
+    for old, new in renamed.items():
+        require(not (old in cfg and new in cfg),
+                f"optim.{old} is the former name of optim.{new} for optimizer {name!r}: give only optim.{new}")
+    return {renamed.get(key, key): value for key, value in cfg.items()}
+
+
 def optimizer_options(cfg: Mapping[str, Any]) -> Any:
-    """The options dataclass of `cfg['name']` filled from `cfg`; ValueError on an unknown name or key."""
+    """The options dataclass of `cfg['name']` filled from `cfg` (legacy keys under their current names, values
+    checked by the dataclass); ValueError on an unknown name or key or a bad value."""
     cfg = dict(cfg)
     name = cfg.pop("name", None)
     if name not in OPTIMIZERS:
         raise ValueError(f"optim.name={name!r} is not a registered optimizer: choose one of {sorted(OPTIMIZERS)}")
+    cfg = current_keys(name, cfg)
     cls = OPTIMIZERS[name].options
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(cfg) - fields)
@@ -89,5 +115,9 @@ def typed_option(key: str, value: Any, hint: Any, default: Any) -> Any:
 
 def build_optimizer(cfg: Mapping[str, Any], model: nn.Module) -> torch.optim.Optimizer:
     """Build the optimizer named by `cfg['name']` for `model` (param groups routed by `algorithm`)."""
-    opts = optimizer_options(cfg)
-    return OPTIMIZERS[cfg["name"]].build(opts, model)
+    return build_from_options(cfg["name"], optimizer_options(cfg), model)
+
+
+def build_from_options(name: str, opts: Any, model: nn.Module) -> torch.optim.Optimizer:
+    """Build optimizer `name` from its parsed options (optimizer_options) for `model`."""
+    return OPTIMIZERS[name].build(opts, model)

@@ -12,7 +12,8 @@ model: ring all-reduce
                r max(p, q) for a low-rank optimizer, pq otherwise); LoRDO adds the first step's G of the matrices (D1);
                the local Dion methods add their buffers M (pq per matrix) every K_M steps and nothing for Q, which is
                either local or computed by every worker from Delta
-  dion         P and W every step: (p + q) r per matrix, or G (pq) when (p + q) r >= pq; G of the other parameters
+  self-sync    (optimizer_sync: the Dion family) P and W every step: (p + q) r per matrix, or G (pq) when
+               (p + q) r >= pq; G of the other parameters
 Setup broadcasts the parameters once (step 0); it is not part of the per-step figures.
 Optimizer state per worker (fp32), by the kinds the optimizers report:
   adamw        adamw_moments 2 pq (every parameter)
@@ -23,6 +24,10 @@ Optimizer state per worker (fp32), by the kinds the optimizers report:
 
     python -m lowcomm.repro.accounting [--steps N] [--out CSV]
 prints the figures at every paper size with the paper's probable settings (r = d/8).
+
+A method is an AccountedMethod: its sync options (what the sync kind runs, lowcomm.distributed.options.SyncKind) and
+the optimizer's rank r (a low-rank optimizer's) or rank fraction (a Dion-family optimizer's); the functions also take
+it as a mapping, the sync config keys plus `rank` or `rank_fraction`.
 """
 
 from __future__ import annotations
@@ -37,15 +42,12 @@ import torch
 from torch import nn
 
 from lowcomm.distributed.comm import wire_bytes
-from lowcomm.distributed.options import sync_options
+from lowcomm.distributed.options import SyncOptions, sync_options
 from lowcomm.model import Transformer, model_config
+from lowcomm.optim.dion import fixed_rank
 from lowcomm.optim.groups import hidden_matrices
 from lowcomm.optim.projection import check_rank, projected_shape, projection_side
 from lowcomm.repro.wallclock import BANDWIDTHS_GBPS, LATENCY_S, step_time
-
-DION_METHODS = ("dion", "orth_dion")
-LOWRANK_METHODS = ("lowrank_ddp", "lordo", "lordo_global_noqh")
-
 
 @dataclass(frozen=True)
 class ParamShapes:
@@ -53,6 +55,21 @@ class ParamShapes:
 
     lowrank: tuple[tuple[int, int], ...]
     other: tuple[tuple[int, ...], ...]
+
+    @property
+    def matrix_elements(self) -> int:
+        """Numbers in the low-rank matrices: sum pq."""
+        return sum(_numel(s) for s in self.lowrank)
+
+    @property
+    def other_elements(self) -> int:
+        """Numbers in every other parameter."""
+        return sum(_numel(s) for s in self.other)
+
+    @property
+    def elements(self) -> int:
+        """Numbers in every parameter."""
+        return self.matrix_elements + self.other_elements
 
 
 def param_shapes(model: nn.Module, lowrank: Iterable[nn.Parameter] | None = None) -> ParamShapes:
@@ -93,66 +110,120 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-def _rank(options: Mapping[str, Any], shape: tuple[int, int]) -> int:
-    """The rank of a matrix: `rank`, or for Dion ceil(rank_fraction * min(p, q)), at most min(p, q)."""
-    if options.get("rank") is not None:
-        check_rank(shape, options["rank"])
-        return options["rank"]
-    if options.get("rank_fraction") is not None and options.get("name") in DION_METHODS:
-        return min(math.ceil(options["rank_fraction"] * min(shape)), min(shape))
-    raise ValueError(f"method options of {options.get('name')!r} need 'rank' (an integer; Dion also accepts "
-                     "'rank_fraction') to count low-rank messages")
+RANK_KEYS = ("rank", "rank_fraction")
 
 
-def _moment_elements(options: Mapping[str, Any], shapes: ParamShapes, scope: str, dion: bool = False) -> int:
-    """Numbers in one moment (u or v) of the parameters in `scope`: r max(p, q) per matrix when `rank` is given
-    (a low-rank optimizer), none for Dion's matrices (their state is M), else pq; the other parameters' AdamW
-    moments have their own shape."""
-    lowrank = options.get("rank") is not None
-    matrices = 0 if dion else sum(
-        _numel(projected_shape(s, _rank(options, s), projection_side(s))) if lowrank else _numel(s)
-        for s in shapes.lowrank)
-    return matrices + (sum(_numel(s) for s in shapes.other) if scope == "all" else 0)
+@dataclass(frozen=True)
+class AccountedMethod:
+    """What a run sends and keeps: its sync options, and its optimizer's rank r of every matrix (a low-rank
+    optimizer's `rank`; None: full-rank moments) or rank fraction (a Dion-family optimizer's `rank_fraction`). Under
+    a sync kind whose optimizer synchronizes itself (SyncKind.optimizer_synchronizes) the optimizer is the Dion family,
+    all-reducing its factors P and W every step."""
+
+    sync: SyncOptions
+    rank: int | None = None
+    rank_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.sync.kind.optimizer_basis is not None and self.rank is None:
+            raise ValueError(f"method options of {self.sync.name!r} need 'rank': its messages and moments are rank-r")
 
 
-def analytic_events(method_options: Mapping[str, Any], shapes: ParamShapes) -> list[Event]:
-    """The collectives of a method, from step 1 on. `method_options`: the sync config (name and keys of
-    SyncOptions) plus `rank` for low-rank optimizers; names 'dion' / 'orth_dion' take `rank` or `rank_fraction`."""
-    name = method_options.get("name")
-    all_elements = sum(_numel(s) for s in shapes.lowrank + shapes.other)
-    lowrank_elements = sum(_numel(s) for s in shapes.lowrank)
-    other_elements = sum(_numel(s) for s in shapes.other)
-    if name in DION_METHODS:
-        compressed = [(s, (s[0] + s[1]) * _rank(method_options, s)) for s in shapes.lowrank]
-        factors = sum(n for s, n in compressed if n < _numel(s))
-        fallback = sum(_numel(s) for s, n in compressed if n >= _numel(s))
-        return [e for e in (Event("factor", "all_reduce", factors, 1, 1, collectives=2),  # P, then W
-                            Event("gradient", "all_reduce", other_elements + fallback, 1, 1)) if e.elements]
-    sync_cfg = {k: v for k, v in method_options.items() if k not in ("rank", "rank_fraction")}
-    opts = sync_options(sync_cfg)
-    method = opts.method
-    if opts.name in LOWRANK_METHODS and method_options.get("rank") is None:
-        raise ValueError(f"method options of {opts.name!r} need 'rank': its messages and moments are rank-r")
-    events: list[Event] = []
-    if method.per_step_gradients and opts.projected_gradients:
-        projected = sum(_numel(projected_shape(s, _rank(method_options, s), projection_side(s)))
-                        for s in shapes.lowrank)
-        events += [Event("projected_gradient", "all_reduce", projected, 1, 1),
-                   Event("gradient", "all_reduce", other_elements, 1, 1),
-                   Event("gradient", "all_reduce", lowrank_elements, 1, opts.basis_refresh_every)]
-    elif method.per_step_gradients:
-        events.append(Event("gradient", "all_reduce", all_elements, 1, 1))
-    if method.k_step:
-        events.append(Event("pseudo_gradient", "all_reduce", all_elements, opts.sync_every, opts.sync_every))
-        for every in (opts.state_sync_u, opts.state_sync_v):
-            if every:
-                moments = _moment_elements(method_options, shapes, opts.state_sync_scope, method.local_dion)
-                events.append(Event("optimizer_state", "all_reduce", moments, every, every))
-        if opts.state_sync_m:
-            events.append(Event("optimizer_state", "all_reduce", lowrank_elements, opts.state_sync_m,
-                                opts.state_sync_m))
-    if method.global_basis == "pseudo_gradient" and not method.local_dion:
-        events.append(Event("gradient", "all_reduce", lowrank_elements, 1, 0))
+MethodOptions = AccountedMethod | Mapping[str, Any]  # the functions' input: an AccountedMethod or its mapping form
+
+
+def accounted_method(method: MethodOptions) -> AccountedMethod:
+    """`method` itself, or the AccountedMethod of a mapping: a sync config section plus `rank` or `rank_fraction`."""
+    if isinstance(method, AccountedMethod):
+        return method
+    sync = sync_options({k: v for k, v in method.items() if k not in RANK_KEYS})
+    return AccountedMethod(sync, method.get("rank"), method.get("rank_fraction"))
+
+
+def matrix_rank(method: AccountedMethod, shape: tuple[int, int]) -> int:
+    """The rank of a matrix: the optimizer's `rank`, or for the Dion family r = ceil(rank_fraction * min(p, q)), at
+    most min(p, q) (lowcomm.optim.dion.fixed_rank)."""
+    if method.rank is not None:
+        check_rank(shape, method.rank)
+        return method.rank
+    if method.rank_fraction is not None:
+        return fixed_rank(method.rank_fraction, *shape)
+    raise ValueError(f"method options of {method.sync.name!r} need 'rank' (an integer; a Dion-family optimizer also "
+                     "accepts 'rank_fraction') to count low-rank messages")
+
+
+def projected_elements(method: AccountedMethod, shapes: ParamShapes) -> int:
+    """Numbers in one rank-r projection (or low-rank moment) of every matrix: sum r max(p, q)."""
+    return sum(_numel(projected_shape(s, matrix_rank(method, s), projection_side(s))) for s in shapes.lowrank)
+
+
+def moment_elements(method: AccountedMethod, shapes: ParamShapes) -> int:
+    """Numbers in one moment (u or v) of the parameters in the sync's state scope: r max(p, q) per matrix for a
+    low-rank optimizer, none for the local Dion family's matrices (their state is M), else pq; plus the other
+    parameters' AdamW moments when the scope is "all"."""
+    if method.sync.kind.local_dion:
+        matrices = 0
+    elif method.rank is not None:
+        matrices = projected_elements(method, shapes)
+    else:
+        matrices = shapes.matrix_elements
+    return matrices + (shapes.other_elements if method.sync.state_sync_scope == "all" else 0)
+
+
+def factor_events(method: AccountedMethod, shapes: ParamShapes) -> list[Event]:
+    """The Dion family's all-reduces every step: P, then W, (p + q) r numbers per matrix, or G (pq) of the matrices
+    where (p + q) r >= pq; and G of the other parameters."""
+    compressed = [(s, (s[0] + s[1]) * matrix_rank(method, s)) for s in shapes.lowrank]
+    factors = sum(n for s, n in compressed if n < _numel(s))
+    fallback = sum(_numel(s) for s, n in compressed if n >= _numel(s))
+    return [Event("factor", "all_reduce", factors, 1, 1, collectives=2),
+            Event("gradient", "all_reduce", shapes.other_elements + fallback, 1, 1)]
+
+
+def gradient_events(method: AccountedMethod, shapes: ParamShapes) -> list[Event]:
+    """Per-step gradient all-reduces: every G, or with projected gradients Q^T G of the matrices, G of the rest and
+    the matrices' G every T steps (the basis refresh)."""
+    opts = method.sync
+    if not opts.kind.per_step_gradients:
+        return []
+    if not opts.projected_gradients:
+        return [Event("gradient", "all_reduce", shapes.elements, 1, 1)]
+    return [Event("projected_gradient", "all_reduce", projected_elements(method, shapes), 1, 1),
+            Event("gradient", "all_reduce", shapes.other_elements, 1, 1),
+            Event("gradient", "all_reduce", shapes.matrix_elements, 1, opts.basis_refresh_every)]
+
+
+def k_step_events(method: AccountedMethod, shapes: ParamShapes) -> list[Event]:
+    """The K-step sync's all-reduces: Delta every K steps, u every K_u, v every K_v, Dion's buffers M every K_M."""
+    opts = method.sync
+    if not opts.kind.k_step:
+        return []
+    events = [Event("pseudo_gradient", "all_reduce", shapes.elements, opts.sync_every, opts.sync_every)]
+    events += [Event("optimizer_state", "all_reduce", moment_elements(method, shapes), every, every)
+               for every in (opts.state_sync_u, opts.state_sync_v) if every]
+    if opts.state_sync_m:
+        events.append(Event("optimizer_state", "all_reduce", shapes.matrix_elements, opts.state_sync_m,
+                            opts.state_sync_m))
+    return events
+
+
+def first_step_events(method: AccountedMethod, shapes: ParamShapes) -> list[Event]:
+    """LoRDO's one-off all-reduce of the matrices' first-step G (D1), where the basis comes from the pseudo-gradient
+    and no seeded Dion factor stands in for it."""
+    opts = method.sync
+    if opts.kind.global_basis == "pseudo_gradient" and not opts.kind.local_dion:
+        return [Event("gradient", "all_reduce", shapes.matrix_elements, 1, 0)]
+    return []
+
+
+def analytic_events(method: MethodOptions, shapes: ParamShapes) -> list[Event]:
+    """The collectives of a method (an AccountedMethod, or its mapping form), from step 1 on; those that send
+    nothing are left out."""
+    method = accounted_method(method)
+    if method.sync.kind.optimizer_synchronizes:
+        events = factor_events(method, shapes)
+    else:
+        events = gradient_events(method, shapes) + k_step_events(method, shapes) + first_step_events(method, shapes)
     return [e for e in events if e.elements]
 
 
@@ -162,33 +233,7 @@ def _wire(event: Event, world_size: int, bytes_per_element: int) -> float:
 
 def setup_bytes(shapes: ParamShapes, world_size: int, bytes_per_element: int = 4) -> dict[str, float]:
     """Bytes per worker of the engine's setup: the parameters broadcast from rank 0 (step 0)."""
-    elements = sum(_numel(s) for s in shapes.lowrank + shapes.other)
-    return {"parameters": wire_bytes("broadcast", elements * bytes_per_element, world_size)}
-
-
-def analytic_bytes_at(method_options: Mapping[str, Any], shapes: ParamShapes, world_size: int, step: int,
-                      bytes_per_element: int = 4) -> dict[str, float]:
-    """Bytes on the wire per worker at step `step` (>= 1), by kind (kinds that send nothing are left out)."""
-    totals: dict[str, float] = {}
-    for e in analytic_events(method_options, shapes):
-        if e.happens_at(step):
-            totals[e.kind] = totals.get(e.kind, 0.0) + _wire(e, world_size, bytes_per_element)
-    return totals
-
-
-def analytic_bytes_per_step(method_options: Mapping[str, Any], shapes: ParamShapes, world_size: int,
-                            bytes_per_element: int = 4, steps: int | None = None) -> dict[str, float]:
-    """Bytes on the wire per worker per step, by kind. steps=None: the steady state (periodic collectives over their
-    period, one-offs such as LoRDO's first-step gradient (D1) left out); steps=N: the mean over steps 1..N, one-offs
-    included (amortized)."""
-    totals: dict[str, float] = {}
-    for e in analytic_events(method_options, shapes):
-        if steps is None:
-            rate = 0.0 if e.period == 0 else 1.0 / e.period
-        else:
-            rate = e.count(steps) / steps
-        totals[e.kind] = totals.get(e.kind, 0.0) + rate * _wire(e, world_size, bytes_per_element)
-    return {k: v for k, v in totals.items() if v}
+    return {"parameters": wire_bytes("broadcast", shapes.elements * bytes_per_element, world_size)}
 
 
 def _rate(event: Event, steps: int | None) -> float:
@@ -198,7 +243,28 @@ def _rate(event: Event, steps: int | None) -> float:
     return event.count(steps) / steps
 
 
-def analytic_collectives_per_step(method_options: Mapping[str, Any], shapes: ParamShapes,
+def analytic_bytes_at(method_options: MethodOptions, shapes: ParamShapes, world_size: int, step: int,
+                      bytes_per_element: int = 4) -> dict[str, float]:
+    """Bytes on the wire per worker at step `step` (>= 1), by kind (kinds that send nothing are left out)."""
+    totals: dict[str, float] = {}
+    for e in analytic_events(method_options, shapes):
+        if e.happens_at(step):
+            totals[e.kind] = totals.get(e.kind, 0.0) + _wire(e, world_size, bytes_per_element)
+    return totals
+
+
+def analytic_bytes_per_step(method_options: MethodOptions, shapes: ParamShapes, world_size: int,
+                            bytes_per_element: int = 4, steps: int | None = None) -> dict[str, float]:
+    """Bytes on the wire per worker per step, by kind. steps=None: the steady state (periodic collectives over their
+    period, one-offs such as LoRDO's first-step gradient (D1) left out); steps=N: the mean over steps 1..N, one-offs
+    included (amortized)."""
+    totals: dict[str, float] = {}
+    for e in analytic_events(method_options, shapes):
+        totals[e.kind] = totals.get(e.kind, 0.0) + _rate(e, steps) * _wire(e, world_size, bytes_per_element)
+    return {k: v for k, v in totals.items() if v}
+
+
+def analytic_collectives_per_step(method_options: MethodOptions, shapes: ParamShapes,
                                   steps: int | None = None) -> float:
     """Collective calls per worker per step: the steady state (steps=None) or the mean over steps 1..steps."""
     return sum(_rate(e, steps) * e.collectives for e in analytic_events(method_options, shapes))
@@ -207,38 +273,43 @@ def analytic_collectives_per_step(method_options: Mapping[str, Any], shapes: Par
 OPTIMIZER_FAMILIES = ("adamw", "lowrank", "muon", "dion")
 
 
-def analytic_optimizer_state(family: str, shapes: ParamShapes, method_options: Mapping[str, Any] | None = None,
+def analytic_optimizer_state(family: str, shapes: ParamShapes, method_options: MethodOptions | None = None,
                              error_feedback: bool = True, bytes_per_element: int = 4) -> dict[str, float]:
     """Optimizer-state bytes per worker by kind (the keys of `sync.optimizer_state_bytes`) for an optimizer family;
-    the low-rank and Dion families take their rank from `method_options` as `analytic_events` does."""
+    the low-rank and Dion families take their rank from `method_options` (`matrix_rank`)."""
     if family not in OPTIMIZER_FAMILIES:
         raise ValueError(f"optimizer family {family!r} is unknown: use one of {OPTIMIZER_FAMILIES}")
     b = bytes_per_element
-    matrices = sum(_numel(s) for s in shapes.lowrank)
-    others = 2 * b * sum(_numel(s) for s in shapes.other)
+    matrices = shapes.matrix_elements
+    others = 2 * b * shapes.other_elements
     if family == "adamw":
         return {"adamw_moments": 2 * b * matrices + others}
     if family == "muon":
         return {"momentum_buffer": b * matrices, "adamw_moments": others}
-    ranks = [_rank(method_options or {}, s) for s in shapes.lowrank]
-    bases = b * sum(r * min(s) for s, r in zip(shapes.lowrank, ranks))
+    method = accounted_method(method_options)
+    bases = b * sum(matrix_rank(method, s) * min(s) for s in shapes.lowrank)
     if family == "dion":
         return {"momentum": b * matrices, "Q": bases, "adamw_moments": others}
-    return {"moments": 2 * b * sum(r * max(s) for s, r in zip(shapes.lowrank, ranks)), "bases": bases,
+    return {"moments": 2 * b * projected_elements(method, shapes), "bases": bases,
             "error_feedback": b * matrices if error_feedback else 0, "adamw_moments": others}
 
 
-def analytic_sync_state(method_options: Mapping[str, Any], shapes: ParamShapes,
+def analytic_sync_state(method_options: MethodOptions, shapes: ParamShapes,
                         bytes_per_element: int = 4) -> dict[str, float]:
     """State bytes per worker the sync engine keeps: for K-step methods the anchor W_anchor and, with the Nesterov
     outer step, its momentum (every parameter each); nothing otherwise."""
-    if method_options.get("name") in DION_METHODS:
+    opts = accounted_method(method_options).sync
+    if not opts.kind.k_step:
         return {}
-    opts = sync_options({k: v for k, v in method_options.items() if k not in ("rank", "rank_fraction")})
-    if not opts.method.k_step:
-        return {}
-    params = bytes_per_element * sum(_numel(s) for s in shapes.lowrank + shapes.other)
+    params = bytes_per_element * shapes.elements
     return {"anchor": params, "outer_momentum": params if opts.outer == "nesterov" else 0}
+
+
+def matrix_moments_ratio(adamw_moments_of_adamw: Any, adamw_moments_of_method: Any, lowrank_moments: Any) -> Any:
+    """AdamW's moments of the hidden matrices over a low-rank optimizer's: (A_adamw - A_method) / moments, A the AdamW
+    moments each keeps (of every parameter under AdamW, of the other parameters under the low-rank optimizer);
+    numbers or table columns alike."""
+    return (adamw_moments_of_adamw - adamw_moments_of_method) / lowrank_moments
 
 
 SEPARATE_STATE = {"error_feedback": "error_feedback_bytes", "compression_error": "error_feedback_bytes",
@@ -265,10 +336,15 @@ PAPER_CLAIMS = {"ddp": 25.0, "lowrank_ddp": 10.0}  # "about 25x less than DDP, 1
 
 @dataclass(frozen=True)
 class PaperMethod:
-    """A method at the paper's settings: its communication options (`analytic_events`) and optimizer family."""
+    """A method at the paper's settings: what it sends and keeps (`analytic_events`) and its optimizer family."""
 
-    options: dict[str, Any]
+    options: AccountedMethod
     family: str
+
+
+def paper_method(family: str, **options: Any) -> PaperMethod:
+    """A PaperMethod of an optimizer family from its mapping form (the sync config keys plus `rank`)."""
+    return PaperMethod(accounted_method(options), family)
 
 
 def paper_methods(rank: int) -> dict[str, PaperMethod]:
@@ -276,26 +352,29 @@ def paper_methods(rank: int) -> dict[str, PaperMethod]:
     Ada-Orth-Dion as Dion at its rank cap."""
     k = PAPER_SYNC_EVERY
     return {
-        "ddp": PaperMethod({"name": "ddp"}, "adamw"),
-        "lowrank_ddp": PaperMethod({"name": "lowrank_ddp", "rank": rank, "basis_refresh_every": LOWRANK_DDP_REFRESH},
-                                   "lowrank"),
-        "local_adam": PaperMethod({"name": "local_adam", "sync_every": k}, "adamw"),
-        "diloco": PaperMethod({"name": "diloco", "sync_every": k}, "adamw"),
-        "lordo_local": PaperMethod({"name": "lordo_local", "sync_every": k, "rank": rank}, "lowrank"),
-        "lordo_global_noqh": PaperMethod({"name": "lordo_global_noqh", "sync_every": k, "rank": rank}, "lowrank"),
-        "lordo": PaperMethod({"name": "lordo", "sync_every": k, "rank": rank}, "lowrank"),
-        "muon": PaperMethod({"name": "ddp"}, "muon"),
-        "dion": PaperMethod({"name": "dion", "rank": rank}, "dion"),
-        "orth_dion": PaperMethod({"name": "orth_dion", "rank": rank}, "dion"),
-        "ada_orth_dion": PaperMethod({"name": "dion", "rank": rank}, "dion"),
+        "ddp": paper_method("adamw", name="ddp"),
+        "lowrank_ddp": paper_method("lowrank", name="lowrank_ddp", rank=rank, basis_refresh_every=LOWRANK_DDP_REFRESH),
+        "local_adam": paper_method("adamw", name="local_adam", sync_every=k),
+        "diloco": paper_method("adamw", name="diloco", sync_every=k),
+        "lordo_local": paper_method("lowrank", name="lordo_local", sync_every=k, rank=rank),
+        "lordo_global_noqh": paper_method("lowrank", name="lordo_global_noqh", sync_every=k, rank=rank),
+        "lordo": paper_method("lowrank", name="lordo", sync_every=k, rank=rank),
+        "muon": paper_method("muon", name="ddp"),
+        "dion": paper_method("dion", name="optimizer_sync", rank=rank),
+        "orth_dion": paper_method("dion", name="optimizer_sync", rank=rank),
+        "ada_orth_dion": paper_method("dion", name="optimizer_sync", rank=rank),
     }
 
 
-def model_shapes(size: str, **overrides: Any) -> ParamShapes:
-    """ParamShapes of a named model size with any ModelConfig field overridden, built on the meta device."""
+def meta_model(size: str, **overrides: Any) -> Transformer:
+    """The model of a named size with any ModelConfig field overridden, on the meta device (shapes, no memory)."""
     with torch.device("meta"):
-        model = Transformer(model_config(size, **overrides))
-    return param_shapes(model)
+        return Transformer(model_config(size, **overrides))
+
+
+def model_shapes(size: str, **overrides: Any) -> ParamShapes:
+    """ParamShapes of a named model size with any ModelConfig field overridden."""
+    return param_shapes(meta_model(size, **overrides))
 
 
 def method_row(method: PaperMethod, shapes: ParamShapes, steps: int, bytes_per_element: int = 4,
@@ -315,6 +394,15 @@ def method_row(method: PaperMethod, shapes: ParamShapes, steps: int, bytes_per_e
     return row
 
 
+def paper_matrix_moments_ratio(method: PaperMethod, shapes: ParamShapes, adamw: Mapping[str, float],
+                               bytes_per_element: int = 4) -> float:
+    """`matrix_moments_ratio` of a low-rank method against AdamW's state `adamw`; NaN for the other families."""
+    if method.family != "lowrank":
+        return math.nan
+    state = analytic_optimizer_state("lowrank", shapes, method.options, bytes_per_element=bytes_per_element)
+    return matrix_moments_ratio(adamw["adamw_moments"], state["adamw_moments"], state["moments"])
+
+
 def paper_table(steps: int, bytes_per_element: int = 4, latency_s: float = LATENCY_S) -> list[dict[str, Any]]:
     """Rows (size, rank, method, `method_row` figures, ratios of ddp's and low-rank DDP's bytes and of AdamW's
     optimizer state to the method's, and for low-rank methods AdamW's moments of the hidden matrices over the
@@ -325,15 +413,14 @@ def paper_table(steps: int, bytes_per_element: int = 4, latency_s: float = LATEN
         methods = paper_methods(rank)
         figures = {name: method_row(method, shapes, steps, bytes_per_element, latency_s)
                    for name, method in methods.items()}
-        full_rank_moments = 2 * bytes_per_element * sum(_numel(s) for s in shapes.lowrank)
+        adamw = analytic_optimizer_state("adamw", shapes, bytes_per_element=bytes_per_element)
         for name, row in figures.items():
-            lowrank = methods[name].family == "lowrank"
-            moments = analytic_optimizer_state("lowrank", shapes, methods[name].options)["moments"] if lowrank else 0
             rows.append(dict(size=size, rank=rank, method=name, **row,
                              ddp_over_method=figures["ddp"]["steady_mb"] / row["steady_mb"],
                              lowrank_ddp_over_method=figures["lowrank_ddp"]["steady_mb"] / row["steady_mb"],
                              adamw_state_over_method=figures["ddp"]["optimizer_state_mb"] / row["optimizer_state_mb"],
-                             matrix_moments_ratio=full_rank_moments / moments if lowrank else math.nan))
+                             matrix_moments_ratio=paper_matrix_moments_ratio(methods[name], shapes, adamw,
+                                                                             bytes_per_element)))
     return rows
 
 

@@ -52,9 +52,8 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from lowcomm.config import ConfigError, load_config, with_defaults
+from lowcomm.config import ConfigError, load_config, parse_sections, with_defaults
 from lowcomm.data import DataUnavailable
-from lowcomm.optim import optimizer_options
 from lowcomm.paths import ROOT, SHARED_PRESETS
 from lowcomm.repro.stats import within_reference
 from lowcomm.repro.tables import (
@@ -206,7 +205,7 @@ def config_difference(stored: dict, resolved: dict, prefix: str = "") -> str | N
 def with_optimizer_defaults(tree: dict) -> dict:
     """A config tree whose optim section lists every option of its optimizer, a key it lacks at the optimizer's
     default (the value the run had): a stored run and a config naming that same value are the same run."""
-    options = dataclasses.asdict(optimizer_options(tree["optim"]))
+    options = dataclasses.asdict(parse_sections(tree).optim)
     optim = {"name": tree["optim"]["name"], **{k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}}
     return {**tree, "optim": optim}
 

@@ -17,6 +17,7 @@ Modeled columns follow lowcomm.repro.wallclock and carry their parameters (bandw
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,18 +25,21 @@ from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
-import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
-from lowcomm.distributed.options import sync_options
+from lowcomm.config import parse_sections
 from lowcomm.eval.local_tasks import LOCAL_SUFFIX
 from lowcomm.eval.tasks import OFFLINE_TASK
-from lowcomm.model import Transformer, model_config_from
+from lowcomm.optim.dion import fixed_rank
 from lowcomm.optim.lowrank_adam import resolve_rank
-from lowcomm.optim.registry import optimizer_options
 from lowcomm.repro.accounting import (
+    AccountedMethod,
+    ParamShapes,
     analytic_bytes_per_step,
-    model_shapes,
+    matrix_moments_ratio,
+    meta_model,
+    param_shapes,
     state_summary,
 )
 from lowcomm.repro.stats import paired_difference, sample_std
@@ -125,9 +129,9 @@ def basis_change_rows(run: RunResult) -> pd.DataFrame:
     m = run.metrics
     if "subspace/max_angle" not in m:
         return m.iloc[0:0]
-    opts = sync_options(OmegaConf.to_container(run.config.sync))
+    opts = parse_sections(run.config).sync
     rows = m[(m["step"] > 0) & m["subspace/max_angle"].notna()]
-    return rows[rows["step"] % opts.sync_every == 0] if opts.method.k_step else rows
+    return rows[rows["step"] % opts.sync_every == 0] if opts.kind.k_step else rows
 
 
 def sync_angles(run: RunResult) -> pd.Series:
@@ -267,8 +271,9 @@ def methods_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFr
         base = by_label.loc[state_base]
         table["state_ratio_to_adamw"] = table["optimizer_state_bytes"] / base["optimizer_state_bytes"]
         if "memory/moments_bytes" in table:
-            table["matrix_moments_ratio"] = ((base["memory/adamw_moments_bytes"] - table["memory/adamw_moments_bytes"])
-                                             / table["memory/moments_bytes"].where(table["memory/moments_bytes"] > 0))
+            table["matrix_moments_ratio"] = matrix_moments_ratio(
+                base["memory/adamw_moments_bytes"], table["memory/adamw_moments_bytes"],
+                table["memory/moments_bytes"].where(table["memory/moments_bytes"] > 0))
     if not any(c.startswith("downstream/") for c in table):
         table["downstream"] = "not evaluated"
     curves = mean_curves(results)
@@ -281,7 +286,7 @@ def methods_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFr
 
 def optimizer_setting(cfg: DictConfig, key: str) -> float:
     """An optimizer option of a resolved config with the optimizer's default filled in (NaN when it has none)."""
-    value = getattr(optimizer_options(OmegaConf.to_container(cfg.optim)), key, math.nan)
+    value = getattr(parse_sections(cfg).optim, key, math.nan)
     return math.nan if value is None else float(value)
 
 
@@ -322,9 +327,10 @@ def horizon_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFr
 
 
 def dion_rank(cfg: DictConfig) -> int:
-    """The largest rank ceil(rank_fraction x min(m, n)) over the hidden matrices of a Dion-family run."""
+    """The largest rank r = ceil(rank_fraction x min(m, n)), at most min(m, n), over the hidden matrices of a
+    Dion-family run (lowcomm.optim.dion.fixed_rank)."""
     fraction = optimizer_setting(cfg, "rank_fraction")
-    return max(min(math.ceil(fraction * min(s)), min(s)) for s in model_shapes_of(cfg).lowrank)
+    return max(fixed_rank(fraction, *s) for s in model_shapes_of(cfg).lowrank)
 
 
 def nu_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
@@ -367,30 +373,35 @@ def convergence_table(results: list[RunResult], params: dict) -> dict[str, pd.Da
     return {"table": table, "comparisons": compare_rows(runs, table, params.get("compare", []))}
 
 
-def model_shapes_of(cfg: DictConfig):
-    model = OmegaConf.to_container(cfg.model)
-    return model_shapes(model.pop("size"), **model)
+def run_model(cfg: DictConfig) -> nn.Module:
+    """A run's model (its `model` section: size and overrides) on the meta device."""
+    return meta_model(**OmegaConf.to_container(cfg.model))
 
 
-def analytic_options(cfg: DictConfig) -> dict:
-    """The accounting options (lowcomm.repro.accounting.analytic_events) of a run's resolved config: its sync
-    section with the low-rank optimizer's rank, or Dion's rank fraction for self-synchronizing optimizers."""
-    opts = optimizer_options(OmegaConf.to_container(cfg.optim))
-    if cfg.sync.name == "optimizer_sync":
-        return {"name": "dion", "rank_fraction": opts.rank_fraction}
-    sync = OmegaConf.to_container(cfg.sync)
-    if cfg.optim.name in ("lordo_local_step", "ldadam", "galore"):
-        with torch.device("meta"):
-            sync["rank"] = resolve_rank(opts, Transformer(model_config_from(cfg.model)))
-    return sync
+def model_shapes_of(cfg: DictConfig) -> ParamShapes:
+    """ParamShapes of a run's model."""
+    return param_shapes(run_model(cfg))
+
+
+def accounted_run(cfg: DictConfig, model: nn.Module) -> AccountedMethod:
+    """What a run sends and keeps (lowcomm.repro.accounting.AccountedMethod): its sync options and the rank its
+    optimizer's options dataclass declares: `rank` (a low-rank optimizer, resolved on `model`), or else
+    `rank_fraction` (the Dion family), or neither (a full-rank optimizer)."""
+    sections = parse_sections(cfg)
+    opts, sync = sections.optim, sections.sync
+    declared = {f.name for f in dataclasses.fields(opts)}
+    if "rank" in declared:
+        return AccountedMethod(sync, rank=resolve_rank(opts, model))
+    return AccountedMethod(sync, rank_fraction=opts.rank_fraction if "rank_fraction" in declared else None)
 
 
 def analytic_bytes(run: RunResult) -> float:
     """Bytes per worker per step the analytic model gives for the run (amortized over its steps; Ada-Orth-Dion at
     its rank cap)."""
     c = run.config
-    per_kind = analytic_bytes_per_step(analytic_options(c), model_shapes_of(c), c.train.devices * c.train.num_nodes,
-                                       steps=run.record["steps"])
+    model = run_model(c)
+    per_kind = analytic_bytes_per_step(accounted_run(c, model), param_shapes(model),
+                                       c.train.devices * c.train.num_nodes, steps=run.record["steps"])
     return sum(per_kind.values())
 
 

@@ -143,11 +143,21 @@ def completed_record(run_dir: str | Path) -> dict | None:
     return record if record.get("status") == "complete" else None
 
 
+def checkpoint_path(run_dir: str | Path, step: int) -> Path:
+    """Step t's checkpoint, the path run.resume_from takes: `<run_dir>/checkpoints/step<t as 6 digits>.ckpt`."""
+    return Path(run_dir) / "checkpoints" / f"step{step:06d}.ckpt"
+
+
+def rank_checkpoint_file(checkpoint: str | Path, rank: int) -> Path:
+    """Rank r's file of the checkpoint `.../stepNNNNNN.ckpt`: `.../stepNNNNNN.rank<r>.ckpt`."""
+    return Path(checkpoint).with_suffix(f".rank{rank}.ckpt")
+
+
 def last_checkpoint(run_dir: str | Path, world_size: int) -> Path | None:
-    """The latest `checkpoints/stepNNNNNN.ckpt` (the path run.resume_from takes) for which every rank's file
-    `stepNNNNNN.rank<r>.ckpt` exists; None when there is none."""
-    folder = Path(run_dir) / "checkpoints"
-    for stem in sorted({p.name.split(".")[0] for p in folder.glob("step*.rank*.ckpt")}, reverse=True):
-        if all((folder / f"{stem}.rank{r}.ckpt").exists() for r in range(world_size)):
-            return folder / f"{stem}.ckpt"
+    """The latest `checkpoint_path` for which every rank's `rank_checkpoint_file` exists; None when there is none."""
+    files = (Path(run_dir) / "checkpoints").glob("step[0-9]*.rank[0-9]*.ckpt")
+    for step in sorted({int(p.name.split(".")[0][len("step"):]) for p in files}, reverse=True):
+        checkpoint = checkpoint_path(run_dir, step)
+        if all(rank_checkpoint_file(checkpoint, r).exists() for r in range(world_size)):
+            return checkpoint
     return None

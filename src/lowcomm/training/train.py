@@ -1,6 +1,6 @@
 """`python -m lowcomm.training.train <config.yaml> key=value ...`: one training run -> one run directory.
 
-The config is validated (keys, model, optimizer and its fit to the sync method, data, devices, the checkpoint to
+The config is validated (keys, model, optimizer and its fit to the sync kind, data, devices, the checkpoint to
 resume from) before any process starts. Exit status: 0 complete, 1 an error or a diverged run, 130 / 143 a run
 stopped by SIGINT / SIGTERM (its record says `status: interrupted` and names the checkpoint to resume from).
 """
@@ -14,26 +14,25 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from lowcomm.config import ConfigError, load_config, method_preset
+from lowcomm.config import ConfigError, Sections, load_config, method_preset, parse_sections
 from lowcomm.data import (
     OFFLINE_VOCAB_LIMIT,
     DataUnavailable,
     offline_streams,
     require_package,
 )
-from lowcomm.distributed.options import sync_options
+from lowcomm.distributed.options import SyncOptions
 from lowcomm.distributed.sync import check_optimizer
 from lowcomm.model import Transformer, model_config_from
-from lowcomm.optim import build_optimizer
+from lowcomm.optim.registry import build_from_options
 from lowcomm.quiet import quiet_libraries
 from lowcomm.training.validation import (
     check_devices,
     check_hub,
     check_launch,
     check_resume,
-    optimizer_message,
 )
 
 INSIDE_EMULATED_NETWORK = "LOWCOMM_EMULATED_NETWORK"  # set by lowcomm.training.emulated_network in its agents
@@ -49,23 +48,24 @@ class RunEnded(Exception):
         self.exit_code = exit_code
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError naming the key and the fix for anything that would fail after start-up."""
+def validate(cfg: DictConfig) -> Sections:
+    """The config's optim and sync sections, parsed once (lowcomm.config.parse_sections); ConfigError naming the key
+    and the fix for anything that would fail after start-up."""
     for key in ("context", "batch_size", "vocab_size", "val_batches"):
         if cfg.data[key] < 1:
             raise ConfigError(f"data.{key}={cfg.data[key]} must be >= 1")
     try:
         mcfg = model_config_from(cfg.model)
-        sync = sync_options(OmegaConf.to_container(cfg.sync))
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    optim_cfg = OmegaConf.to_container(cfg.optim)
+    sections = parse_sections(cfg)
+    sync = sections.sync
     try:
-        with torch.device("meta"):  # the optimizer is built on a weightless model: ranks, groups, method fit
-            optimizer = build_optimizer(optim_cfg, Transformer(mcfg))
+        with torch.device("meta"):  # the fit of optimizer and method is checked on a weightless model
+            optimizer = build_from_options(sections.optim_name, sections.optim, Transformer(mcfg))
         check_optimizer(sync, optimizer)
     except ValueError as err:
-        raise ConfigError(replaced_optimizer_hint(cfg) + optimizer_message(str(err), optim_cfg)) from None
+        raise ConfigError(replaced_optimizer_hint(cfg) + str(err)) from None
     if cfg.data.context > mcfg.max_context:
         raise ConfigError(
             f"data.context={cfg.data.context} is longer than the model supports (max_context={mcfg.max_context}): "
@@ -93,7 +93,7 @@ def validate(cfg: DictConfig) -> None:
     if not t.collective_timeout_s > 0:
         raise ConfigError(f"train.collective_timeout_s={t.collective_timeout_s} must be > 0 (seconds)")
     every = cfg.run.checkpoint_every
-    if sync.method.k_step and any(n % sync.sync_every for n in (t.steps, t.val_every, every)):
+    if sync.kind.k_step and any(n % sync.sync_every for n in (t.steps, t.val_every, every)):
         raise ConfigError(
             f"sync.sync_every={sync.sync_every} must divide train.steps={t.steps}, train.val_every={t.val_every} and "
             f"run.checkpoint_every={every}, so that validation, checkpoints and the final weights fall on sync points"
@@ -108,6 +108,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"run.name={name!r} must be a plain directory name (no '/'), created under run.out_dir")
     if cfg.run.resume_from:
         check_resume(cfg)
+    return sections
 
 
 def replaced_optimizer_hint(cfg: DictConfig) -> str:
@@ -146,14 +147,14 @@ def starts_workers(cfg: DictConfig) -> bool:
     return on_cpu(cfg) and "LOCAL_RANK" not in os.environ and cfg.train.devices * cfg.train.num_nodes > 1
 
 
-def build_strategy(cfg: DictConfig):
-    """The SyncStrategy over gloo (CPU) or NCCL (GPU), on workers it starts itself, in this process (one worker),
-    or on processes started by torchrun / SLURM (one per device)."""
+def build_strategy(cfg: DictConfig, sync: SyncOptions):
+    """The SyncStrategy of the parsed sync options over gloo (CPU) or NCCL (GPU), on workers it starts itself, in this
+    process (one worker), or on processes started by torchrun / SLURM (one per device)."""
     from lowcomm.training.lightning.strategy import SyncStrategy
 
     t = cfg.train
     return SyncStrategy(
-        cfg.sync, t.clip, t.collective_timeout_s,
+        sync, t.clip, t.collective_timeout_s,
         process_group_backend="gloo" if on_cpu(cfg) else "nccl",
         start_method="forkserver" if starts_workers(cfg) else "popen",
     )
@@ -211,7 +212,7 @@ def train(cfg: DictConfig) -> Path:
 
     if starts_workers(cfg):
         start_worker_server()  # its imports overlap with this function's until the workers start
-    validate(cfg)
+    sections = validate(cfg)
     check_environment(cfg)
     from lowcomm.training.run_dir import RunDirectory
 
@@ -238,13 +239,13 @@ def train(cfg: DictConfig) -> Path:
     if int(os.environ.get("RANK", "0")) == 0:
         RunDirectory(run_dir).create(cfg, overwrite=cfg.run.overwrite)
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-    task = LanguageModelTask(cfg, str(run_dir), offline_tokens)
+    task = LanguageModelTask(cfg, sections, str(run_dir), offline_tokens)
     t = cfg.train
     trainer = L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,
         num_nodes=t.num_nodes,
-        strategy=build_strategy(cfg),
+        strategy=build_strategy(cfg, sections.sync),
         precision=t.precision,
         max_steps=t.steps,
         logger=False,

@@ -1,13 +1,12 @@
 """Checks of a run made before any worker starts, beyond the config schema and the model / optimizer / sync fit:
-the launcher for several nodes, the checkpoint to resume from, the hub; and optimizer errors put in the config's
-words. Each failure is one line naming the key and the fix.
+the launcher for several nodes, the checkpoint to resume from, the hub. Each failure is one line naming the key and
+the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import socket
 import zipfile
 from pathlib import Path
@@ -25,32 +24,10 @@ from lowcomm.data import (
     load_tokenizer,
 )
 from lowcomm.model import model_config_from
-from lowcomm.optim.registry import OPTIMIZERS
+from lowcomm.training.run_dir import rank_checkpoint_file
 
-# torch.optim's messages, in the words of the config: (pattern, message)
-TORCH_OPTIM_MESSAGES = (
-    (r"Invalid learning rate: (?P<v>.+)", "optim.lr={v} is invalid: use lr >= 0"),
-    (r"Learning rate should be >= 0 but is: (?P<v>.+)", "optim.lr={v} is invalid: use lr >= 0"),
-    (r"Invalid epsilon value: (?P<v>.+)", "optim.eps={v} is invalid: use eps >= 0"),
-    (r"Invalid beta parameter at index (?P<i>\d): (?P<v>.+)", "optim.betas has {v} at index {i}: use betas in [0, 1)"),
-    (r"Invalid weight_decay value: (?P<v>.+)", "optim.weight_decay={v} is invalid: use weight_decay >= 0"),
-    (r"(?i:weight decay) should be >= 0 but is: (?P<v>.+)", "optim.weight_decay={v} is invalid: use weight_decay >= 0"),
-    (r"momentum should be >= 0 but is: (?P<v>.+)", "optim.momentum={v} is invalid: use momentum >= 0"),
-)
 # options a resumed run may change; any other difference in method, model, optim or sync refuses the checkpoint
 RESUME_MAY_CHANGE = ("optim.lr", "optim.adamw_lr")
-
-
-def optimizer_message(message: str, optim_cfg: dict) -> str:
-    """An optimizer's ValueError in the config's words: options as `optim.<key>`, no param-group numbers."""
-    message = re.sub(r"^(param group \d+|Dion param_groups\[\d+\]):? ", "", message)
-    for pattern, template in TORCH_OPTIM_MESSAGES:
-        match = re.fullmatch(pattern, message)
-        if match:
-            return template.format(**match.groupdict())
-    entry = OPTIMIZERS.get(optim_cfg.get("name"))
-    keys = {f.name for f in dataclasses.fields(entry.options)} if entry else set()
-    return re.sub(r"(?<![\w.])(\w+)(?==)", lambda m: f"optim.{m[1]}" if m[1] in keys else m[1], message)
 
 
 def check_devices(cfg: DictConfig) -> None:
@@ -87,14 +64,9 @@ def check_launch(cfg: DictConfig) -> None:
                           f"{t.devices} x {t.num_nodes}: set them to the processes per node and the number of nodes")
 
 
-def checkpoint_file(resume_from: str | Path, rank: int) -> Path:
-    """Rank `rank`'s file of the checkpoint `.../stepNNNNNN.ckpt`."""
-    return Path(resume_from).with_suffix(f".rank{rank}.ckpt")
-
-
 def check_checkpoint_file(cfg: DictConfig, rank: int) -> Path:
     """The rank's checkpoint file, when it exists and is a whole zip archive (every member's CRC checked)."""
-    path = checkpoint_file(cfg.run.resume_from, rank)
+    path = rank_checkpoint_file(cfg.run.resume_from, rank)
     if not path.exists():
         raise ConfigError(f"run.resume_from={cfg.run.resume_from}: rank {rank}'s file {path} does not exist; "
                           "give the path as .../checkpoints/stepNNNNNN.ckpt")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from pathlib import Path
 
 import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from lowcomm.config import Sections
 from lowcomm.data import (
     SMOLLM_TOKENIZER,
     PackedSequences,
@@ -24,10 +24,10 @@ from lowcomm.data import (
     token_stream,
 )
 from lowcomm.model import Transformer, model_config_from
-from lowcomm.optim import build_optimizer
+from lowcomm.optim.registry import build_from_options
 from lowcomm.schedule import lr_lambda
 from lowcomm.training.lightning.stopping import SignalFlag, Stop, agree_on_stop
-from lowcomm.training.run_dir import RunDirectory, environment, last_checkpoint
+from lowcomm.training.run_dir import RunDirectory, checkpoint_path, environment, last_checkpoint
 
 
 def perplexity(loss: float) -> float:
@@ -48,10 +48,11 @@ class LanguageModelTask(L.LightningModule):
     offline corpus's (train, validation) token streams, read once by the launching process and shared with its
     workers."""
 
-    def __init__(self, cfg: DictConfig, run_dir: str | None = None,
+    def __init__(self, cfg: DictConfig, sections: Sections, run_dir: str | None = None,
                  offline_tokens: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         self.cfg = cfg
+        self.sections = sections  # cfg's optim and sync sections, parsed (lowcomm.config.parse_sections)
         self.run_dir = run_dir
         self.offline_tokens = offline_tokens
         self.run: RunDirectory | None = None  # rank 0 only, created in setup()
@@ -97,7 +98,7 @@ class LanguageModelTask(L.LightningModule):
 
     # ------------------------------------------------------------------ optimization
     def configure_optimizers(self):
-        optimizer = build_optimizer(OmegaConf.to_container(self.cfg.optim), self.model)
+        optimizer = build_from_options(self.sections.optim_name, self.sections.optim, self.model)
         t = self.cfg.train
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup, t.steps, t.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
@@ -155,7 +156,7 @@ class LanguageModelTask(L.LightningModule):
         engine = self.trainer.strategy.engine
         if every and step % every == 0 and engine.is_sync_step(step):
             engine.before_checkpoint()
-            self.trainer.save_checkpoint(Path(self.run_dir) / "checkpoints" / f"step{step:06d}.ckpt")
+            self.trainer.save_checkpoint(checkpoint_path(self.run_dir, step))
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         """At every step boundary: stop on a signal or a non-finite loss (every rank alike), log, validate,

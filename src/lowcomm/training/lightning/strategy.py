@@ -2,7 +2,7 @@
 
 The model is not wrapped; each optimizer step runs   backward -> engine.before_optimizer_step (e.g. gradient
 all-reduce, then global-norm clipping, then a global basis where due) -> optimizer.step() ->
-engine.after_optimizer_step (e.g. the K-step sync), with the sync engine of `cfg.sync` (lowcomm.distributed.sync)
+engine.after_optimizer_step (e.g. the K-step sync), with the sync engine of the parsed sync options (lowcomm.distributed.sync)
 and every collective through one Communicator.
 
 Clipping acts on the gradient the optimizer sees on this worker: the averaged gradient where the method all-reduces
@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import DDPStrategy
-from omegaconf import DictConfig, OmegaConf
 
 from lowcomm.distributed.comm import Communicator
+from lowcomm.distributed.options import SyncOptions
 from lowcomm.distributed.sync import SyncEngine, build_sync_engine
+from lowcomm.optim.protocols import ReportsSpectralStats
 from lowcomm.training.lightning.launcher import SupervisedLauncher
+from lowcomm.training.run_dir import rank_checkpoint_file
 
 
 @dataclass
@@ -45,10 +48,10 @@ class ClipCounter:
 class SyncStrategy(DDPStrategy):
     strategy_name = "lowcomm_sync"
 
-    def __init__(self, sync_cfg: DictConfig | dict, clip: float, collective_timeout_s: float, **kwargs: Any):
+    def __init__(self, sync: SyncOptions, clip: float, collective_timeout_s: float, **kwargs: Any):
         super().__init__(timeout=timedelta(seconds=collective_timeout_s), **kwargs)
         self.collective_timeout_s = collective_timeout_s
-        self.sync_cfg = OmegaConf.to_container(sync_cfg) if isinstance(sync_cfg, DictConfig) else dict(sync_cfg)
+        self.sync = sync
         self.clip = clip
         self.engine: SyncEngine | None = None
         self.clip_since_log = ClipCounter()
@@ -75,8 +78,8 @@ class SyncStrategy(DDPStrategy):
     def setup(self, trainer) -> None:
         super().setup(trainer)
         module = self.lightning_module
-        (optimizer,) = [opt.optimizer if hasattr(opt, "optimizer") else opt for opt in self.optimizers]
-        self.engine = build_sync_engine(self.sync_cfg, module.model, optimizer, Communicator())
+        (optimizer,) = [opt.optimizer if isinstance(opt, LightningOptimizer) else opt for opt in self.optimizers]
+        self.engine = build_sync_engine(self.sync, module.model, optimizer, Communicator())
         self.engine.setup()
         self.first_step = 0
 
@@ -89,8 +92,7 @@ class SyncStrategy(DDPStrategy):
 
     def rank_path(self, filepath) -> Path:
         """Checkpoints are per rank (workers differ between syncs in their local state, e.g. error feedback)."""
-        path = Path(filepath)
-        return path.with_name(f"{path.stem}.rank{self.global_rank}{path.suffix}")
+        return rank_checkpoint_file(filepath, self.global_rank)
 
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
         """This rank's file, written under a temporary name and renamed: a file of that name is always whole."""
@@ -131,7 +133,7 @@ class SyncStrategy(DDPStrategy):
             out["clip/fraction"] = self.clip_since_log.fraction()
             self.clip_since_log = ClipCounter()
         optimizer = self.engine.optimizer
-        if callable(getattr(optimizer, "spectral_stats", None)):
+        if isinstance(optimizer, ReportsSpectralStats):
             out.update({f"spectral/{k}": float(v) for k, v in optimizer.spectral_stats().items()})
             for name, stats in optimizer.spectral_by_matrix().items():
                 out[f"spectral/nu/{name}"] = float(stats["nu"])
