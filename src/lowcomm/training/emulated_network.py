@@ -31,7 +31,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lowcomm.config import ConfigError, load_config
-from lowcomm.training.train import INSIDE_EMULATED_NETWORK, RunEnded, validate
+from lowcomm.training.train import INSIDE_EMULATED_NETWORK, RunEnded, run_command, validate
 
 PROBE_SECONDS = 2.0  # each link's bulk transfer lasts about this long at its cap
 RENDEZVOUS_PORT = 29500
@@ -264,18 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     rest = args.train[1:] if args.train[:1] == ["--"] else args.train
     path, overrides = (rest[0], rest[1:]) if rest and "=" not in rest[0] else (None, rest)
     name = args.name or f"emulated-{args.rate_mbit:g}mbit-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        cfg = load_config(path, [*overrides, f"train.num_nodes={args.workers}", "train.devices=1",
-                                 f"train.link_rate_mbit={args.rate_mbit}", f"run.name={name}"])
-        print(f"run directory: {launch(cfg)}")
-    except ConfigError as err:
-        sys.exit(f"error: {err}")
-    except RunEnded as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        print("error: interrupted; the emulated network is removed", file=sys.stderr, flush=True)
-        sys.exit(128 + signal.SIGINT)
+    overrides = [*overrides, f"train.num_nodes={args.workers}", "train.devices=1",
+                 f"train.link_rate_mbit={args.rate_mbit}", f"run.name={name}"]
+    run_command(lambda: launch(load_config(path, overrides)), "interrupted; the emulated network is removed")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig
@@ -281,16 +282,21 @@ def main(argv: list[str] | None = None) -> None:
         print(__doc__)
         return
     path, overrides = (argv[0], argv[1:]) if "=" not in argv[0] else (None, argv)
+    run_command(lambda: train(load_config(path, overrides)), "interrupted before training started")
+
+
+def run_command(start: Callable[[], Path], on_interrupt: str) -> None:
+    """A command-line run: print the run directory `start()` returns; a bad config, missing data or a run that ended
+    early is one `error:` line and its exit status (Ctrl-C before training: `on_interrupt`, 130)."""
     try:
-        cfg = load_config(path, overrides)
-        run_dir = train(cfg)
+        run_dir = start()
     except (ConfigError, DataUnavailable) as err:
         sys.exit(f"error: {err}")
     except RunEnded as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
-        print("error: interrupted before training started", file=sys.stderr, flush=True)
+        print(f"error: {on_interrupt}", file=sys.stderr, flush=True)
         sys.exit(128 + signal.SIGINT)
     print(f"run directory: {run_dir}")
 
