@@ -1,7 +1,7 @@
 """Sync options: one dataclass of the `sync` section's keys, and a table saying what each sync kind (`sync.name`)
 runs.
 
-Every sync kind is the same engine with different parts switched on (spec "Variants and baselines"):
+Every sync kind is the same engine with different parts switched on (the methods of docs/methods.md):
 per-step gradient all-reduce, a global low-rank basis Q, the K-step pseudo-gradient sync
 Delta = mean_m(W_m - W_anchor), and averaging of optimizer moments every K_u / K_v steps (Dion's buffers M
 every K_M steps).

@@ -1,6 +1,6 @@
 """The low-rank Adam family: GaLore-Adam, LDAdam and LoRDO's local step as options of one optimizer.
 
-Per 2-D matrix W (p x q) with orthonormal basis Q (spec "Local step"; G is the gradient, already clipped):
+Per 2-D matrix W (p x q) with orthonormal basis Q (LoRDO's local step; G is the gradient, already clipped):
     A = G + E;  g = project(A, Q);  E = A - lift(g, Q)                 (error feedback, optional)
     u = b1 u + (1 - b1) g;  v = b2 v + (1 - b2) g*g;  uh, vh bias-corrected
     low  = lift(uh / (sqrt(vh) + eps), Q)
