@@ -1,5 +1,6 @@
 """`make report`: the README sections are the generated ones, and verdicts follow the stored tables."""
 
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -39,8 +40,8 @@ def test_without_stored_tables_every_claim_is_pending(tmp_path):
         report.readme_section(tmp_path)
 
 
-def write_table3(root: Path, verdicts: dict[tuple[str, str], str]) -> None:
-    out = root / "table3_main" / "cpu"
+def write_table3(root: Path, verdicts: dict[tuple[str, str], str], preset: str = "cpu") -> None:
+    out = root / "table3_main" / preset
     out.mkdir(parents=True)
     # label: (loss, ppl, bytes / ddp's, bytes / lowrank_ddp's, state / AdamW's)
     rows = {"ddp": (4.0, 90.0, 1.0, 2.5, 1.0), "lowrank_ddp": (4.1, 100.0, 0.4, 1.0, 0.4),
@@ -64,6 +65,20 @@ def test_table3_verdicts_follow_the_stored_numbers(tmp_path):
     assert "lordo - lordo_local = 0.1 [0.05, 0.15] nats (n = 3 paired seeds)" in claims[4].ours
     assert claims[0].ours.startswith("25.5x") and claims[1].ours.startswith("6.8x")
     assert "(5 %)" in claims[3].ours and "2.5x" in claims[2].ours  # whole model: 1 / 0.4
+
+
+def test_table3_claims_move_to_the_claim_preset_once_it_holds_every_row(tmp_path):
+    write_table3(tmp_path, {("lordo", "lordo_local"): "lower", ("lordo_global_noqh", "lordo"): "inconclusive"})
+    claim = tmp_path / "table3_main" / "claim"
+    claim.mkdir()
+    pd.read_csv(tmp_path / "table3_main" / "cpu" / "table.csv").head(2).to_csv(claim / "table.csv", index=False)
+    partial = report.table3_claims(Stored(tmp_path, "table3_main"))
+    assert partial[4].verdict == REPRODUCED and "(cpu preset: 256 steps, shared lr; claim preset pending)" in \
+        partial[4].ours
+    shutil.rmtree(claim)
+    write_table3(tmp_path, {("lordo", "lordo_local"): "higher"}, preset="claim")
+    full = report.table3_claims(Stored(tmp_path, "table3_main"))
+    assert full[4].verdict == NOT_REPRODUCED and "(claim preset: 1,024 steps, tuned lrs)" in full[4].ours
 
 
 @pytest.mark.parametrize("ours, claimed, verdict", [(26.7, 25, REPRODUCED), (6.8, 10, NOT_REPRODUCED),
