@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -181,3 +182,36 @@ def test_progress_lines_name_the_run_and_estimate_the_rest(capsys, monkeypatch):
     assert lines[0] == "[demo/cpu] 1/4 ddp seed 0: started (not run yet)"
     assert lines[1] == "[demo/cpu] 1/4 ddp seed 0: done in 1m00s, validation loss 4.2500; 2 to go, ETA 2m00s"
     assert lines[3].endswith("done in 1m30s, validation loss 4.5000; 1 to go, ETA 1m15s")  # mean of 60 s and 90 s
+
+
+def test_a_run_another_experiment_already_trained_is_copied_not_retrained(spec_path, tmp_path, monkeypatch):
+    spec = load_spec(spec_path)
+    run = experiment_grid(spec, "smoke")[0]
+    out = tmp_path / "results"
+    source = out / "other" / "claim" / "runs" / "lordo-s0"
+    same = OmegaConf.to_container(resolved_config(spec, run, source.parent))
+    same["run"]["name"] = "lordo-s0"
+    write_run(source, same, {"status": "complete", "final_val_loss": 4.0})
+    trained = []
+
+    def train(cfg):
+        trained.append(cfg.run.name)
+        write_run(Path(cfg.run.out_dir) / cfg.run.name, cfg, {"status": "complete", "final_val_loss": 4.5})
+
+    monkeypatch.setattr(experiment, "train", train)
+    monkeypatch.setattr(experiment, "RunResult", type("Loaded", (), {"load": staticmethod(lambda r, d: d)}))
+    monkeypatch.setattr(experiment, "build_tables", lambda params, results: results)
+    monkeypatch.setattr(experiment, "write_tables", lambda tables, params, out_dir: None)
+    experiment.run_experiment(spec_path, "smoke", out)
+    copied = out / "demo" / "smoke" / "runs" / run.name
+    assert trained == [] and OmegaConf.load(copied / "config.yaml").run.name == run.name
+    assert json.loads((copied / "record.json").read_text()) == {"status": "complete", "final_val_loss": 4.0,
+                                                                 "copied_from": "other/claim/runs/lordo-s0"}
+    assert stale_reason(copied, resolved_config(spec, run, copied.parent)) is None  # reused from now on
+    experiment.run_experiment(spec_path, "smoke", out, force=True)  # --force trains it anew
+    assert trained == [run.name]
+    other = resolved_config(spec, experiment_grid(spec, "smoke", extra=["optim.lr=5e-3"])[0], source.parent)
+    OmegaConf.save(other, source / "config.yaml")
+    shutil.rmtree(copied)
+    experiment.run_experiment(spec_path, "smoke", out)  # a different config is trained, not copied
+    assert trained == [run.name, run.name] and "copied_from" not in json.loads((copied / "record.json").read_text())

@@ -20,9 +20,9 @@ from lowcomm.repro.stats import EQUIVALENT, INCONCLUSIVE
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def comparison(a: str, b: str, verdict: str, metric: str = "final_val_loss", diff: float = 0.1) -> dict:
-    """A comparisons.csv row of the paired rule (3 seeds)."""
-    return {"a": a, "b": b, "metric": metric, "n": 3, "diff": diff, "ci_low": diff - 0.05, "ci_high": diff + 0.05,
+def comparison(a: str, b: str, verdict: str, metric: str = "final_val_loss", diff: float = 0.1, n: int = 3) -> dict:
+    """A comparisons.csv row of the paired rule (n seeds)."""
+    return {"a": a, "b": b, "metric": metric, "n": n, "diff": diff, "ci_low": diff - 0.05, "ci_high": diff + 0.05,
             "unpaired_seeds": "", "verdict": verdict}
 
 
@@ -40,7 +40,7 @@ def test_without_stored_tables_every_claim_is_pending(tmp_path):
         report.readme_section(tmp_path)
 
 
-def write_table3(root: Path, verdicts: dict[tuple[str, str], str], preset: str = "cpu") -> None:
+def write_table3(root: Path, verdicts: dict[tuple[str, str], str], preset: str = "cpu", seeds: int = 3) -> None:
     out = root / "table3_main" / preset
     out.mkdir(parents=True)
     # label: (loss, ppl, bytes / ddp's, bytes / lowrank_ddp's, state / AdamW's)
@@ -52,7 +52,8 @@ def write_table3(root: Path, verdicts: dict[tuple[str, str], str], preset: str =
                    "parameters": 1.2e6, "bytes_ratio_to_ddp": to_ddp,
                    "bytes_ratio_to_lowrank_ddp": to_lr, "matrix_moments_ratio": 8.0, "state_ratio_to_adamw": state}
                   for k, (loss, ppl, to_ddp, to_lr, state) in rows.items()]).to_csv(out / "table.csv", index=False)
-    pd.DataFrame([comparison(a, b, v) for (a, b), v in verdicts.items()]).to_csv(out / "comparisons.csv", index=False)
+    pd.DataFrame([comparison(a, b, v, n=seeds) for (a, b), v in verdicts.items()]).to_csv(out / "comparisons.csv",
+                                                                                        index=False)
 
 
 def test_table3_verdicts_follow_the_stored_numbers(tmp_path):
@@ -76,9 +77,18 @@ def test_table3_claims_move_to_the_claim_preset_once_it_holds_every_row(tmp_path
     assert partial[4].verdict == REPRODUCED and "(cpu preset: 256 steps, shared lr; claim preset pending)" in \
         partial[4].ours
     shutil.rmtree(claim)
-    write_table3(tmp_path, {("lordo", "lordo_local"): "higher"}, preset="claim")
+    write_table3(tmp_path, {("lordo", "lordo_local"): "higher"}, preset="claim", seeds=5)
     full = report.table3_claims(Stored(tmp_path, "table3_main"))
     assert full[4].verdict == NOT_REPRODUCED and "(claim preset: 1,024 steps, tuned lrs)" in full[4].ours
+
+
+def test_claim_preset_verdicts_wait_for_five_paired_seeds(tmp_path):
+    write_table3(tmp_path, {("lordo", "lordo_local"): "higher", ("lordo_global_noqh", "lordo"): "higher"},
+                 preset="claim")
+    claims = report.table3_claims(Stored(tmp_path, "table3_main"))
+    assert claims[4].verdict == "pending: 3 of 5 paired seeds (not reproduced so far)"
+    assert claims[5].verdict == "pending: 3 of 5 paired seeds (reproduced so far)"
+    assert "(n = 3 paired seeds)" in claims[4].ours and claims[0].verdict == REPRODUCED
 
 
 @pytest.mark.parametrize("ours, claimed, verdict", [(26.7, 25, REPRODUCED), (6.8, 10, NOT_REPRODUCED),

@@ -32,7 +32,10 @@ optimizer has one, the non-matrix lr (`adamw_lr`) from the file `make tune` writ
 A run is reused only when its record.json says `status: complete` (or `diverged`, with keep_diverged) and its
 stored config.yaml equals the run's resolved config (both on the optimizer's defaults); otherwise (or with --force)
 its directory is replaced by a new run. So an interrupted
-experiment resumes, and a changed config is rerun, never silently reused. With `downstream`, every run whose
+experiment resumes, and a changed config is rerun, never silently reused. A run to train whose config equals a
+complete run of another experiment or preset under <out> (name and place aside: horizon's ddp-steps1024-s1 is
+table3_main claim's ddp-s1) is copied from it instead, its record naming the source (`copied_from`); --force trains
+it anew. With `downstream`, every run whose
 record has no scores for those tasks is evaluated (lowcomm.eval.evaluate.evaluate_run_dir; hub tasks record "needs hub"
 when the hub cannot be reached).
 """
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shutil
 import subprocess
 import sys
@@ -211,22 +215,25 @@ def with_optimizer_defaults(tree: dict) -> dict:
 
 
 def comparable(tree: dict) -> dict:
-    """A config tree as runs are compared: on the optimizer's defaults, without run.out_dir (where a run directory
-    lies is where it is found, not part of what was trained: `--out results` and `--out /abs/path/results` train the
-    same runs)."""
+    """A config tree as runs are compared: on the optimizer's defaults, without run.out_dir and run.name (where a run
+    directory lies and what it is called is how it is found, not what was trained: `--out results` and
+    `--out /abs/path/results` train the same runs, and so do table3_main's ddp-s1 and horizon's ddp-steps1024-s1)."""
     tree = with_optimizer_defaults(tree)
-    return {**tree, "run": {k: v for k, v in tree["run"].items() if k != "out_dir"}}
+    return {**tree, "run": {k: v for k, v in tree["run"].items() if k not in ("out_dir", "name")}}
+
+
+def stored_comparable(run_dir: Path) -> dict:
+    """The run's stored config.yaml, on the schema's defaults, as a `comparable` tree."""
+    return comparable(with_defaults(OmegaConf.load(run_dir / "config.yaml")))
 
 
 def stored_config_difference(run_dir: Path, cfg: DictConfig) -> str | None:
-    """config_difference between the run's stored config.yaml (on the schema's defaults) and `cfg`, as `comparable`
-    trees."""
-    stored = with_defaults(OmegaConf.load(run_dir / "config.yaml"))
-    return config_difference(comparable(stored), comparable(OmegaConf.to_container(cfg)))
+    """config_difference between the run's stored config.yaml and `cfg`, as `comparable` trees."""
+    return config_difference(stored_comparable(run_dir), comparable(OmegaConf.to_container(cfg)))
 
 
-def stale_reason(run_dir: Path, cfg: DictConfig, keep_diverged: bool = False) -> str | None:
-    """Why the run stored in `run_dir` cannot stand for the run of `cfg` (None: it can be reused)."""
+def record_problem(run_dir: Path, keep_diverged: bool = False) -> str | None:
+    """Why the run stored in `run_dir` cannot stand for any run, whatever its config (None: it is complete)."""
     if not (run_dir / "record.json").exists():
         return "not run yet"
     status = read_record(run_dir).get("status")
@@ -236,8 +243,39 @@ def stale_reason(run_dir: Path, cfg: DictConfig, keep_diverged: bool = False) ->
         return f"its record says status {status!r}"
     if not (run_dir / "config.yaml").exists():
         return "it has no config.yaml"
+    return None
+
+
+def stale_reason(run_dir: Path, cfg: DictConfig, keep_diverged: bool = False) -> str | None:
+    """Why the run stored in `run_dir` cannot stand for the run of `cfg` (None: it can be reused)."""
+    problem = record_problem(run_dir, keep_diverged)
+    if problem is not None:
+        return problem
     diff = stored_config_difference(run_dir, cfg)
     return f"its config differs ({diff})" if diff else None
+
+
+def complete_runs(results: Path, keep_diverged: bool = False, leave_out: set[Path] = frozenset()) -> dict[Path, dict]:
+    """Every run directory of any experiment and preset under `results` but `leave_out` that can stand for a run
+    (record_problem is None), with its `comparable` config tree."""
+    dirs = sorted(c.parent for c in Path(results).glob("*/*/runs/*/config.yaml") if c.parent not in leave_out)
+    return {d: stored_comparable(d) for d in dirs if record_problem(d, keep_diverged) is None}
+
+
+def identical_run(stored: dict[Path, dict], cfg: DictConfig) -> Path | None:
+    """The first of `stored` (complete_runs) whose config equals `cfg` but for its name and place, or None."""
+    tree = comparable(OmegaConf.to_container(cfg))
+    return next((d for d, stored_tree in stored.items() if config_difference(stored_tree, tree) is None), None)
+
+
+def copy_run(source: Path, run_dir: Path, cfg: DictConfig, results: Path) -> None:
+    """The stored run `source` as the run of `cfg` in run_dir: its files, config.yaml written for run_dir's name and
+    place, and `copied_from` (source, relative to `results`) added to its record."""
+    shutil.copytree(source, run_dir)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    record = read_record(run_dir)
+    record["copied_from"] = str(source.relative_to(results))
+    (run_dir / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True, allow_nan=False))
 
 
 def duration(seconds: float) -> str:
@@ -260,12 +298,30 @@ class Progress:
         self.started = time.time()
         self.line(index, run, f"started ({reason})")
 
+    def copied(self, index: int, run: GridRun, source: Path) -> None:
+        self.left -= 1
+        self.line(index, run, f"copied from {source} (complete, same config)")
+
     def finish(self, index: int, run: GridRun, record: dict) -> None:
         self.finished.append(time.time() - self.started)
         self.left -= 1
         eta = sum(self.finished) / len(self.finished) * self.left
         self.line(index, run, f"done in {duration(self.finished[-1])}, validation loss {record['final_val_loss']:.4f}; "
                               f"{self.left} to go, ETA {duration(eta)}")
+
+
+def train_into(run_dir: Path, cfg: DictConfig, keep_diverged: bool, index: int, run: GridRun, reason: str,
+               progress: Progress) -> None:
+    """Train the run of `cfg` into run_dir; a diverged run ends the experiment unless it keeps diverged runs."""
+    progress.start(index, run, reason)
+    try:
+        train(cfg)
+    except RunEnded as err:
+        if not (keep_diverged and read_record(run_dir).get("status") == "diverged"):
+            raise
+        progress.line(index, run, f"diverged, kept as a result ({err})")
+    else:
+        progress.finish(index, run, read_record(run_dir))
 
 
 def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs"), seeds: list[int] | None = None,
@@ -287,6 +343,8 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
         raise ConfigError(f"--tables-only: {len(stale)} run(s) of {out_dir} cannot be reused, e.g. {stale[0][0]} "
                           f"({stale[0][1]}): run without --tables-only to train them")
     progress = Progress(f"{spec.name}/{preset}", len(grid), len(stale))
+    replaced = {out_dir / "runs" / name for name, _ in stale}  # emptied before they are trained again
+    stored = complete_runs(out, keep_diverged, replaced) if stale and not force else {}
     for index, (run, cfg, reason) in enumerate(zip(grid, configs, reasons), start=1):
         run_dir = out_dir / "runs" / run.name
         if reason is None:
@@ -294,15 +352,12 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
         else:
             if run_dir.exists():
                 shutil.rmtree(run_dir)  # a stale or partial run is replaced whole
-            progress.start(index, run, reason)
-            try:
-                train(cfg)
-            except RunEnded as err:
-                if not (keep_diverged and read_record(run_dir).get("status") == "diverged"):
-                    raise
-                progress.line(index, run, f"diverged, kept as a result ({err})")
+            source = identical_run(stored, cfg)
+            if source is not None:
+                copy_run(source, run_dir, cfg, out)
+                progress.copied(index, run, source.relative_to(out))
             else:
-                progress.finish(index, run, read_record(run_dir))
+                train_into(run_dir, cfg, keep_diverged, index, run, reason, progress)
         if not tables_only:
             evaluate_downstream(run_dir, list(spec.get("downstream", [])))
     results = [RunResult.load(run, out_dir / "runs" / run.name) for run in grid]
