@@ -29,6 +29,7 @@ from lowcomm.repro.experiment import (
     provenance_problems,
     run_experiment,
 )
+from lowcomm.training.run_dir import read_record
 
 pytestmark = pytest.mark.slow  # trains with several worker processes
 
@@ -183,11 +184,17 @@ def test_finished_runs_are_reused_and_a_changed_config_is_rerun(smoke, monkeypat
     config = ROOT / "experiments" / "stagnation_ablation" / "config.yaml"
     run_experiment(config, "smoke", out_dir.parent.parent)
     assert trained == [] and (out_dir / "table.csv").exists()  # every run reused, the tables rebuilt
+    smoke("table3_main")  # its lordo-s0 has the config of this experiment's lordo-s0
     stored = out_dir / "runs" / "lordo-s0" / "config.yaml"
     OmegaConf.save(OmegaConf.merge(OmegaConf.load(stored), {"optim": {"lr": 1.0}}), stored)
+    run_experiment(config, "smoke", out_dir.parent.parent)  # the stale run is replaced by the identical stored one
+    source = read_record(stored.parent)["copied_from"]  # table3_main's, or another experiment's with that config
+    assert trained == [] and source.endswith("/smoke/runs/lordo-s0") and not source.startswith("stagnation")
+    OmegaConf.save(OmegaConf.merge(OmegaConf.load(stored), {"optim": {"lr": 1.0}}), stored)
+    monkeypatch.setattr(experiment, "complete_runs", lambda *args: {})  # nothing identical stored: it is trained
     with pytest.raises(ZeroDivisionError):
         run_experiment(config, "smoke", out_dir.parent.parent)
-    assert trained == ["lordo-s0"] and not (out_dir / "runs" / "lordo-s0").exists()  # the stale run is replaced
+    assert trained == ["lordo-s0"] and not (out_dir / "runs" / "lordo-s0").exists()
 
 
 def test_provenance_check_catches_a_run_made_with_another_config_or_commit(smoke, monkeypatch):
