@@ -298,10 +298,6 @@ class Progress:
         self.started = time.time()
         self.line(index, run, f"started ({reason})")
 
-    def copied(self, index: int, run: GridRun, source: Path) -> None:
-        self.left -= 1
-        self.line(index, run, f"copied from {source} (complete, same config)")
-
     def finish(self, index: int, run: GridRun, record: dict) -> None:
         self.finished.append(time.time() - self.started)
         self.left -= 1
@@ -342,20 +338,20 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
     if tables_only and stale:
         raise ConfigError(f"--tables-only: {len(stale)} run(s) of {out_dir} cannot be reused, e.g. {stale[0][0]} "
                           f"({stale[0][1]}): run without --tables-only to train them")
-    progress = Progress(f"{spec.name}/{preset}", len(grid), len(stale))
     replaced = {out_dir / "runs" / name for name, _ in stale}  # emptied before they are trained again
     stored = complete_runs(out, keep_diverged, replaced) if stale and not force else {}
-    for index, (run, cfg, reason) in enumerate(zip(grid, configs, reasons), start=1):
+    sources = [None if reason is None else identical_run(stored, cfg) for cfg, reason in zip(configs, reasons)]
+    progress = Progress(f"{spec.name}/{preset}", len(grid), len(stale) - sum(s is not None for s in sources))
+    for index, (run, cfg, reason, source) in enumerate(zip(grid, configs, reasons, sources), start=1):
         run_dir = out_dir / "runs" / run.name
         if reason is None:
             progress.line(index, run, "reused (complete, same config)")
         else:
             if run_dir.exists():
                 shutil.rmtree(run_dir)  # a stale or partial run is replaced whole
-            source = identical_run(stored, cfg)
             if source is not None:
                 copy_run(source, run_dir, cfg, out)
-                progress.copied(index, run, source.relative_to(out))
+                progress.line(index, run, f"copied from {source.relative_to(out)} (complete, same config)")
             else:
                 train_into(run_dir, cfg, keep_diverged, index, run, reason, progress)
         if not tables_only:
