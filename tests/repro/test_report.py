@@ -40,7 +40,8 @@ def test_without_stored_tables_every_claim_is_pending(tmp_path):
         report.readme_section(tmp_path)
 
 
-def write_table3(root: Path, verdicts: dict[tuple[str, str], str], preset: str = "cpu", seeds: int = 3) -> None:
+def write_table3(root: Path, verdicts: dict[tuple[str, str], str], preset: str = "cpu", seeds: int = 3,
+                 steps: int = 256) -> None:
     out = root / "table3_main" / preset
     out.mkdir(parents=True)
     # label: (loss, ppl, bytes / ddp's, bytes / lowrank_ddp's, state / AdamW's)
@@ -48,7 +49,7 @@ def write_table3(root: Path, verdicts: dict[tuple[str, str], str], preset: str =
             "lordo": (4.2, 105.0, 1 / 25.5, 1 / 6.8, 0.4), "lordo_local": (4.3, 110.0, 1 / 30, 1 / 8, 0.4),
             "lordo_global_noqh": (4.4, 120.0, 1 / 25.5, 1 / 6.8, 0.4)}
     pd.DataFrame([{"label": k, "final_val_loss": loss, "final_val_loss_std": 0.01, "final_val_ppl": ppl,
-                   "final_val_ppl_std": 1.0, "seeds": 3, "steps": 256, "world_size": 4, "tokens": 256 * 4 * 1024,
+                   "final_val_ppl_std": 1.0, "seeds": 3, "steps": steps, "world_size": 4, "tokens": steps * 4 * 1024,
                    "parameters": 1.2e6, "bytes_ratio_to_ddp": to_ddp,
                    "bytes_ratio_to_lowrank_ddp": to_lr, "matrix_moments_ratio": 8.0, "state_ratio_to_adamw": state}
                   for k, (loss, ppl, to_ddp, to_lr, state) in rows.items()]).to_csv(out / "table.csv", index=False)
@@ -74,12 +75,17 @@ def test_table3_claims_move_to_the_claim_preset_once_it_holds_every_row(tmp_path
     claim.mkdir()
     pd.read_csv(tmp_path / "table3_main" / "cpu" / "table.csv").head(2).to_csv(claim / "table.csv", index=False)
     partial = report.table3_claims(Stored(tmp_path, "table3_main"))
-    assert partial[4].verdict == REPRODUCED and "(cpu preset: 256 steps, shared lr; claim preset pending)" in \
-        partial[4].ours
+    assert partial[4].verdict == REPRODUCED
+    assert partial[4].setting == "cpu preset, 256 steps, lrs named in its config; claim preset pending"
     shutil.rmtree(claim)
-    write_table3(tmp_path, {("lordo", "lordo_local"): "higher"}, preset="claim", seeds=5)
+    write_table3(tmp_path, {("lordo", "lordo_local"): "higher"}, preset="claim", seeds=5, steps=1024)
     full = report.table3_claims(Stored(tmp_path, "table3_main"))
-    assert full[4].verdict == NOT_REPRODUCED and "(claim preset: 1,024 steps, tuned lrs)" in full[4].ours
+    assert full[4].verdict == NOT_REPRODUCED and full[4].setting == "claim preset, 1,024 steps, tuned lrs"
+    assert "| claim preset, 1,024 steps, tuned lrs |" in report.claims_markdown([("table3_main", full[4])], True)
+    for preset in ("claim", "cpu"):
+        (tmp_path / "table3_main" / preset / "table.md").write_text("### table\n")
+    line = report.experiment_line(tmp_path, report.definitions()["table3_main"])
+    assert "claim [table](results/table3_main/claim/table.md); cpu [table](results/table3_main/cpu/table.md)" in line
 
 
 def test_claim_preset_verdicts_wait_for_five_paired_seeds(tmp_path):
@@ -127,7 +133,7 @@ def test_spectral_verdicts_answer_the_questions_and_the_probe_needs_three_seeds(
     labels = ["ddp", "diloco", "lordo", "muloco", "orth_dion_local", "lordo_orth_dion"]
     for preset, seeds in (("cpu", 2), ("probe", 1)):
         (base / preset).mkdir(parents=True)
-        pd.DataFrame([{"label": k, "final_val_loss": 4.0, "final_val_loss_std": 0.01, "seeds": seeds,
+        pd.DataFrame([{"label": k, "final_val_loss": 4.0, "final_val_loss_std": 0.01, "seeds": seeds, "steps": 384,
                        "bytes_ratio_to_ddp": 1 / 32, "probe_cosine_mean_over_syncs": {"muloco": 0.6}.get(k, 0.4)}
                       for k in labels]).to_csv(base / preset / "table.csv", index=False)
     verdicts = {("muloco", "diloco"): "lower", ("orth_dion_local", "lordo"): "higher",
@@ -137,6 +143,9 @@ def test_spectral_verdicts_answer_the_questions_and_the_probe_needs_three_seeds(
     claims = report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))
     assert [c.verdict for c in claims] == [REPRODUCED, "lordo lower", EQUIVALENT, report.NO_VERDICT]
     assert "muloco 32x, diloco 32x" in claims[0].ours and "muloco 0.6, diloco 0.4" in claims[3].ours
+    settings = [c.setting for c in report.claims_of("spectral_local_steps", Stored(tmp_path, "spectral_local_steps"))]
+    assert settings == ["cpu preset, 384 steps, lrs named in its config"] * 3 + ["probe preset, 384 steps, "
+                                                                                 "lrs named in its config"]
     table = pd.read_csv(base / "probe" / "table.csv").assign(seeds=3)
     table.to_csv(base / "probe" / "table.csv", index=False)
     assert report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))[3].verdict == REPRODUCED

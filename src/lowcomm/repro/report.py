@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import pandas as pd
+from omegaconf import OmegaConf
 
 from lowcomm.repro.definitions import definitions, index_markdown, with_claims
 from lowcomm.repro.stats import (
@@ -53,11 +54,13 @@ NO_VERDICT = f"no verdict (fewer than {MIN_SEEDS} paired seeds)"
 
 @dataclass(frozen=True)
 class Claim:
-    """A paper claim (quoted from the specs), our verdict, and our numbers."""
+    """A paper claim (quoted from the specs), our verdict, our numbers, and the setting they come from (preset,
+    horizon, where the lrs come from; `claims_of` fills in the experiment's cpu preset where a claim names none)."""
 
     paper: str
     verdict: str
     ours: str
+    setting: str = ""
 
 
 class Stored:
@@ -76,6 +79,19 @@ class Stored:
     def row(self, label: str) -> pd.Series | None:
         rows = self.table[self.table["label"] == label] if self.table is not None else []
         return rows.iloc[0] if len(rows) else None
+
+    @property
+    def setting(self) -> str:
+        """'claim preset, 1,024 steps, tuned lrs': the preset, its horizon (the runs' steps) and where its lrs come
+        from (the tuned file where the preset lists `tuned: [lr]`, else its config)."""
+        spec = OmegaConf.load(definitions()[self.name].config)
+        preset = spec.presets.get(self.preset) or {}
+        lrs = "tuned lrs" if "lr" in preset.get("tuned", []) else "lrs named in its config"
+        stored = self.table is not None and "steps" in self.table
+        steps = sorted({int(v) for v in self.table["steps"].dropna()}) if stored else []
+        horizon = (f"{steps[0]:,} steps" if len(steps) == 1 else
+                   f"{steps[0]:,}-{steps[-1]:,} steps" if steps else "not stored")
+        return f"{self.preset} preset, {horizon}, {lrs}"
 
     def comparison(self, a: str, b: str, metric: str = "final_val_loss") -> pd.Series | None:
         c = self.comparisons
@@ -155,16 +171,16 @@ def pending(claims: list[str], command: str) -> list[Claim]:
 
 def table3_claims(s: Stored) -> list[Claim]:
     """From the claim preset (1,024 steps, every method at its tuned lr, seeds 1-5) once it holds every row the claims
-    read; until then from the cpu preset (256 steps, one shared lr), each claim saying which."""
+    read; until then from the cpu preset (256 steps, one shared lr), each claim's setting saying which."""
     claim = Stored(s.results, s.name, CLAIM_PRESET)
     held = set(claim.table["label"]) if claim.table is not None else set()
     if TABLE3_LABELS <= held:
-        return table3_verdicts(claim, f"{CLAIM_PRESET} preset: 1,024 steps, tuned lrs", CLAIM_SEEDS)
-    return table3_verdicts(s, f"{s.preset} preset: 256 steps, shared lr; {CLAIM_PRESET} preset pending")
+        return table3_verdicts(claim, claim.setting, CLAIM_SEEDS)
+    return table3_verdicts(s, f"{s.setting}; {CLAIM_PRESET} preset pending")
 
 
-def table3_verdicts(s: Stored, source: str, seeds_needed: int = MIN_SEEDS) -> list[Claim]:
-    """LoRDO's claims judged on one stored preset of table3_main; `source` says which. A loss comparison on fewer
+def table3_verdicts(s: Stored, setting: str, seeds_needed: int = MIN_SEEDS) -> list[Claim]:
+    """LoRDO's claims judged on one stored preset of table3_main (`setting` says which). A loss comparison on fewer
     than `seeds_needed` paired seeds stays pending, with what it says so far."""
     texts = ["LoRDO sends about 25x fewer bytes per worker per step than DDP",
              "LoRDO sends about 10x fewer bytes per worker per step than low-rank DDP",
@@ -194,7 +210,7 @@ def table3_verdicts(s: Stored, source: str, seeds_needed: int = MIN_SEEDS) -> li
         Claim(texts[4], verdict_on_seeds(c_local, seeds_needed), diff_text(c_local)),
         Claim(texts[5], verdict_on_seeds(c_noqh, seeds_needed, HIGHER), diff_text(c_noqh)),
     ]
-    return [Claim(c.paper, c.verdict, f"{c.ours} ({source})") for c in claims]
+    return [replace(c, setting=setting) for c in claims]
 
 
 def stagnation_claims(s: Stored) -> list[Claim]:
@@ -277,7 +293,7 @@ def beta_claims(s: Stored) -> list[Claim]:
               else [Claim(text, *beta_answer(s, method, method)) for method, text in zip(methods, texts)])
     if forms.table is None or forms.comparisons is None:
         return claims + pending([t for t, _ in form_texts], f"{target(s.name)} PRESET=forms OUT=results")
-    return claims + [Claim(text, *beta_answer(forms, label, label.replace("_code", "_summary")))
+    return claims + [Claim(text, *beta_answer(forms, label, label.replace("_code", "_summary")), forms.setting)
                      for text, label in form_texts]
 
 
@@ -339,7 +355,8 @@ def communication_claims(s: Stored) -> list[Claim]:
         if col == "matrix_moments_ratio":
             ours += " on the hidden matrices; whole model " + "; ".join(
                 f"{r['size']}: {num(r['adamw_state_over_method'], 3)}x" for _, r in a.iterrows())
-        claims.append(Claim(text, combine([about(r[col], claimed) for _, r in a.iterrows()]), ours + " (analytic)"))
+        claims.append(Claim(text, combine([about(r[col], claimed) for _, r in a.iterrows()]), ours,
+                            "analytic, at the paper sizes"))
     return claims
 
 
@@ -377,7 +394,7 @@ def spectral_claims(s: Stored) -> list[Claim]:
     seeds = min(int(r["seeds"]) for r in rows)
     verdict = NO_VERDICT if seeds < MIN_SEEDS else REPRODUCED if cosines[0] > cosines[1] else NOT_REPRODUCED
     ours = ", ".join(f"{label} {num(v, 3)}" for label, v in zip(("muloco", "diloco"), cosines))
-    return claims + [Claim(texts[3], verdict, f"mean cosine over the syncs (probe preset): {ours}")]
+    return claims + [Claim(texts[3], verdict, f"mean cosine over the syncs: {ours}", probe.setting)]
 
 
 CLAIMS: dict[str, Callable[[Stored], list[Claim]]] = {  # an experiment's `report.claims` names one
@@ -394,8 +411,10 @@ CLAIMS: dict[str, Callable[[Stored], list[Claim]]] = {  # an experiment's `repor
 
 
 def claims_of(name: str, stored: Stored) -> list[Claim]:
-    """The claims the experiment's definition names, judged on its stored table."""
-    return CLAIMS[definitions()[name].claims](stored)
+    """The claims the experiment's definition names, judged on its stored table; a judged claim that names no setting
+    was judged on `stored`."""
+    claims = CLAIMS[definitions()[name].claims](stored)
+    return [c if c.setting or c.verdict == PENDING else replace(c, setting=stored.setting) for c in claims]
 
 
 # ------------------------------------------------------------------------------------------ sections
@@ -406,10 +425,10 @@ def target(name: str) -> str:
 
 def claims_markdown(claims: list[tuple[str, Claim]], linked: bool) -> str:
     """A table of (experiment, claim) rows; `linked` adds a first column linking each experiment's folder."""
-    lines = [("| experiment " if linked else "") + "| paper claim | verdict | our numbers |",
-             "|---" * (4 if linked else 3) + "|"]
-    lines += [(f"| [{name}](experiments/{name}/) " if linked else "") + f"| {c.paper} | {c.verdict} | {c.ours} |"
-              for name, c in claims]
+    lines = [("| experiment " if linked else "") + "| paper claim | verdict | our numbers | setting |",
+             "|---" * (5 if linked else 4) + "|"]
+    lines += [(f"| [{name}](experiments/{name}/) " if linked else "") +
+              f"| {c.paper} | {c.verdict} | {c.ours} | {c.setting} |" for name, c in claims]
     return "\n".join(lines)
 
 
@@ -502,13 +521,17 @@ def readme_section(results: Path) -> str:
 
 
 def experiment_line(results: Path, d) -> str:
-    """One index line per experiment: its README (claims, tables, what the run shows), its stored tables, its figure."""
-    figure = Path("paper_figures") / f"{d.name}_{PRESET}.png"
-    table = results / d.name / PRESET / "table.md"
-    stored = (f"[table](results/{d.name}/{PRESET}/table.md)" if table.exists()
-              else f"pending (`{target(d.name)} OUT=results`)")
-    drawn = f", [figure]({figure})" if (results.parent / figure).exists() else ""
-    return f"- [{d.name}](experiments/{d.name}/README.md): {stored}{drawn}"
+    """One index line per experiment: its README (claims, tables, what the run shows), then per stored preset its
+    table and figure."""
+    presets = [table.parent.name for table in sorted((results / d.name).glob("*/table.md"))]
+
+    def stored(preset: str) -> str:
+        figure = Path("paper_figures") / f"{d.name}_{preset}.png"
+        drawn = f", [figure]({figure})" if (results.parent / figure).exists() else ""
+        return f"{preset} [table](results/{d.name}/{preset}/table.md){drawn}"
+
+    listed = "; ".join(stored(p) for p in presets) if presets else f"pending (`{target(d.name)} OUT=results`)"
+    return f"- [{d.name}](experiments/{d.name}/README.md): {listed}"
 
 
 def replace_between(text: str, markers: tuple[str, str], body: str, path: Path) -> str:
