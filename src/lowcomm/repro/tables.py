@@ -3,7 +3,7 @@
 Every table has one row per label (a configuration over its seeds): the mean over seeds of every numeric field of
 the records and of the features derived here, sample standard deviations of the key ones (`<column>_std`), the
 number of seeds, the runs and the commits they came from. Kinds that compare rows add comparisons.csv:
-a - b with the two-standard-deviation verdict of lowcomm.repro.stats. Derived per run:
+a - b paired over seeds, its 95 % t-interval and verdict (lowcomm.repro.stats.paired_difference). Derived per run:
   optimizer_state_bytes / error_feedback_bytes / anchor_bytes   the record's memory/* split as the paper counts it
   step_time_s            median over logged intervals of tokens per step / tokens per second (measured)
   collectives_per_step   collective calls per training step (comm/training_collectives / steps)
