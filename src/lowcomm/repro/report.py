@@ -55,7 +55,7 @@ NO_VERDICT = f"no verdict (fewer than {MIN_SEEDS} paired seeds)"
 @dataclass(frozen=True)
 class Claim:
     """A paper claim (quoted from the specs), our verdict, our numbers, and the setting they come from (preset,
-    horizon, where the lrs come from; `claims_of` fills in the experiment's cpu preset where a claim names none)."""
+    horizon, where the lrs come from; `claims_of` fills in the stored table's where a claim names none)."""
 
     paper: str
     verdict: str
