@@ -26,11 +26,13 @@ from lowcomm.repro.accounting import (
     main,
     matrix_rank,
     model_shapes,
+    paper_crossover,
     paper_table,
     param_shapes,
     setup_bytes,
     state_summary,
 )
+from lowcomm.repro.wallclock import LATENCY_S, step_time
 
 M = 4
 RING = 2 * (M - 1) / M * 4  # bytes per worker per fp32 number of an all-reduce
@@ -171,7 +173,24 @@ def test_entry_point_prints_the_table(capsys):
     out = capsys.readouterr().out
     assert "amortized over 1000 steps" in out and "fp32" in out
     assert "lordo-720m: lowrank_ddp / lordo" in out and "paper: about 25x" in out
+    assert "lordo-125m  lordo vs ddp" in out and "rho = a's steps to the target over b's" in out
 
+
+
+def test_paper_crossover_is_where_the_modeled_times_to_the_target_meet():
+    rows = paper_table(steps=10_000)
+    crossover = paper_crossover(rows, tokens=65_536, flops_per_s=4e14, ratios=(1.0, 1.5))
+    figures = {(r["size"], r["method"]): r for r in rows}
+    for row in crossover:
+        assert row["compute_s"] == pytest.approx(6 * row["params"] * 65_536 / 4e14)
+        if row["steps_ratio"] == 1.0:  # as many steps and fewer bytes: first at every rate
+            assert row["crossover_mbit"] == math.inf
+            continue
+        times = [steps * step_time(row["compute_s"], figures[row["size"], m]["steady_mb"] * 1e6,
+                                   figures[row["size"], m]["collectives_per_step"], row["crossover_mbit"] / 1e3,
+                                   LATENCY_S) for steps, m in ((1.5, row["a"]), (1.0, row["b"]))]
+        assert times[0] == pytest.approx(times[1])
+    assert {(r["a"], r["b"]) for r in crossover} == {("lordo", "ddp"), ("lordo", "lowrank_ddp")}
 
 @pytest.mark.parametrize("options, steady", [
     ({"name": "ddp"}, 1),

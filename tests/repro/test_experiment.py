@@ -24,7 +24,7 @@ from lowcomm.repro.experiment import (
     stale_reason,
 )
 from lowcomm.repro.stats import sample_std, within_reference
-from lowcomm.repro.wallclock import step_time, steps_to_reach
+from lowcomm.repro.wallclock import compute_seconds, crossover_rate_mbit, step_time, steps_to_reach
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """
@@ -155,6 +155,22 @@ def test_wall_clock_model_and_steps_to_a_target():
     assert steps_to_reach(steps, losses, 4.0) == 30.0
     assert math.isnan(steps_to_reach(steps, losses, 3.0))
 
+
+
+def test_crossover_rate_equalizes_the_modeled_times_to_the_target():
+    a, b = (200.0, 0.3, 3e5, 0.1), (100.0, 0.35, 8e6, 1.0)  # steps, compute s, bytes, collectives per step
+
+    def time_to_target(method, mbit):
+        steps, compute, sent, collectives = method
+        return steps * step_time(compute, sent, collectives, mbit / 1e3, 1e-3)
+    rate = crossover_rate_mbit(*a, *b, 1e-3)
+    assert time_to_target(a, rate) == pytest.approx(time_to_target(b, rate))
+    assert time_to_target(a, 0.9 * rate) < time_to_target(b, 0.9 * rate)
+    assert time_to_target(a, 1.1 * rate) > time_to_target(b, 1.1 * rate)
+    assert crossover_rate_mbit(100.0, 0.3, 3e5, 0.1, *b, 1e-3) == math.inf  # first at every rate
+    assert crossover_rate_mbit(*b, 100.0, 0.3, 3e5, 0.1, 1e-3) == 0.0  # first at none
+    assert math.isnan(crossover_rate_mbit(100.0, 0.3, 9e6, 1.0, 300.0, 0.3, 3e5, 1.0, 1e-3))  # first only above
+    assert compute_seconds(1e8, 1e4, 6e12) == pytest.approx(1.0)  # 6 N T FLOPs
 
 def committed_tables() -> list[tuple[str, str]]:
     return sorted((p.parent.parent.name, p.parent.name) for p in (ROOT / "results").glob("*/*/table.csv"))

@@ -22,8 +22,10 @@ Optimizer state per worker (fp32), by the kinds the optimizers report:
   dion family  momentum pq, Q r min(p, q); AdamW moments of the rest
   K-step sync  anchor (every parameter), outer_momentum (every parameter, Nesterov outer step only)
 
-    python -m lowcomm.repro.accounting [--steps N] [--out CSV]
-prints the figures at every paper size with the paper's probable settings (r = d/8).
+    python -m lowcomm.repro.accounting [--steps N] [--out CSV] [--flops-per-s F]
+prints the figures at every paper size with the paper's probable settings (r = d/8), and the modeled link rate below
+which LoRDO reaches a common target before DDP (and low-rank DDP) when it needs rho times their steps, each worker
+computing 6 N T / F seconds per step (`paper_crossover`).
 
 A method is an AccountedMethod: its sync options (what the sync kind runs, lowcomm.distributed.options.SyncKind) and
 the optimizer's rank r (a low-rank optimizer's) or rank fraction (a Dion-family optimizer's); the functions also take
@@ -47,7 +49,7 @@ from lowcomm.model import Transformer, model_config
 from lowcomm.optim.dion import fixed_rank
 from lowcomm.optim.groups import hidden_matrices
 from lowcomm.optim.projection import check_rank, projected_shape, projection_side
-from lowcomm.repro.wallclock import BANDWIDTHS_GBPS, LATENCY_S, step_time
+from lowcomm.repro.wallclock import BANDWIDTHS_GBPS, LATENCY_S, compute_seconds, crossover_rate_mbit, step_time
 
 @dataclass(frozen=True)
 class ParamShapes:
@@ -332,6 +334,10 @@ PAPER_WORLD_SIZE = 4  # M
 PAPER_SYNC_EVERY = 32  # K, also K_u = K_v (D8 default)
 LOWRANK_DDP_REFRESH = 200  # T: GaLore's default basis refresh period
 PAPER_CLAIMS = {"ddp": 25.0, "lowrank_ddp": 10.0}  # "about 25x less than DDP, 10x less than low-rank DDP"
+PAPER_TOKENS_PER_WORKER_STEP = 32 * 2048  # T: 32 sequences of 2,048 tokens per worker (the paper preset's batch)
+PAPER_FLOPS_PER_S = 4e14  # F, sustained per worker: 40 % of an H100's dense bf16 peak (989 TFLOP/s); a decision
+STEPS_RATIOS = (1.0, 1.1, 1.25, 1.5, 2.0)  # rho = S_a / S_b: a's steps to the common target over b's
+CROSSOVER_PAIRS = (("lordo", "ddp"), ("lordo", "lowrank_ddp"))
 
 
 @dataclass(frozen=True)
@@ -424,15 +430,39 @@ def paper_table(steps: int, bytes_per_element: int = 4, latency_s: float = LATEN
     return rows
 
 
-def write_rows(rows: list[dict[str, Any]], path: str) -> None:
-    """The paper table as CSV, each row stamped with the code's commit and the settings it assumes."""
+def paper_crossover(rows: list[dict[str, Any]], tokens: int = PAPER_TOKENS_PER_WORKER_STEP,
+                    flops_per_s: float = PAPER_FLOPS_PER_S, ratios: Iterable[float] = STEPS_RATIOS,
+                    latency_s: float = LATENCY_S) -> list[dict[str, Any]]:
+    """Per paper size, pair (a, b) of CROSSOVER_PAIRS and steps ratio rho = S_a / S_b: the link rate (Mbit/s) below
+    which a reaches a common target before b (lowcomm.repro.wallclock.crossover_rate_mbit on `paper_table`'s steady
+    bytes and collectives), each worker computing c = 6 N T / F per step whatever its optimizer (the optimizer's own
+    work is left out). No step counts are measured at these sizes, so rho is a parameter: the paper's near-parity
+    claim is rho close to 1."""
+    out = []
+    for size in PAPER_SIZES:
+        params = model_shapes(size).elements
+        compute = compute_seconds(params, tokens, flops_per_s)
+        by_method = {r["method"]: r for r in rows if r["size"] == size}
+        for a, b in CROSSOVER_PAIRS:
+            ra, rb = by_method[a], by_method[b]
+            for rho in ratios:
+                rate = crossover_rate_mbit(rho, compute, ra["steady_mb"] * 1e6, ra["collectives_per_step"],
+                                           1.0, compute, rb["steady_mb"] * 1e6, rb["collectives_per_step"], latency_s)
+                out.append(dict(size=size, params=params, compute_s=compute, a=a, b=b, steps_ratio=rho,
+                                crossover_mbit=rate))
+    return out
+
+
+def write_rows(rows: list[dict[str, Any]], path: str, **settings: Any) -> None:
+    """Rows as CSV (and a markdown table beside it), each stamped with the code's commit and the paper's settings
+    they assume (plus `settings`)."""
     import pandas as pd
 
     from lowcomm.training.run_dir import git_commit
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     settings = dict(world_size=PAPER_WORLD_SIZE, sync_every=PAPER_SYNC_EVERY, lowrank_ddp_refresh=LOWRANK_DDP_REFRESH,
-                    bytes_per_element=4, latency_s=LATENCY_S, git_commit=git_commit())
+                    bytes_per_element=4, latency_s=LATENCY_S, **settings, git_commit=git_commit())
     table = pd.DataFrame([{**row, **settings} for row in rows])
     table.to_csv(path, index=False)
     Path(path).with_suffix(".md").write_text(table.drop(columns=list(settings)).to_markdown(index=False, floatfmt=".4g")
@@ -442,15 +472,23 @@ def write_rows(rows: list[dict[str, Any]], path: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000, help="steps over which one-offs are amortized")
-    parser.add_argument("--out", help="also write the rows to this CSV (with the git commit)")
+    parser.add_argument("--out", help="also write the rows to this CSV (with the git commit), and the crossover rates "
+                                      "at the paper sizes to crossover.csv beside it")
+    parser.add_argument("--flops-per-s", type=float, default=PAPER_FLOPS_PER_S,
+                        help="sustained FLOP/s of one worker, for the compute time 6 N T / F of the crossover")
     args = parser.parse_args(argv)
+    if args.flops_per_s <= 0:
+        parser.error(f"--flops-per-s must be positive, got {args.flops_per_s:g}")
     print("Bytes on the wire per worker per step, fp32 (4 bytes per number; bf16 halves every figure, ratios "
           f"unchanged),\nM = {PAPER_WORLD_SIZE} workers (ring all-reduce: 2(M-1)/M x payload), "
           f"K = K_u = K_v = {PAPER_SYNC_EVERY}, "
           f"r = d/8, lowrank_ddp refresh T = {LOWRANK_DDP_REFRESH}; amortized over {args.steps} steps.\n")
     rows = paper_table(args.steps)
+    crossover = paper_crossover(rows, flops_per_s=args.flops_per_s)
     if args.out:
         write_rows(rows, args.out)
+        write_rows(crossover, str(Path(args.out).with_name("crossover.csv")),
+                   tokens_per_worker_step=PAPER_TOKENS_PER_WORKER_STEP, flops_per_s=args.flops_per_s)
     print(f"{'size':<11} {'r':>4} {'method':<18} {'steady MB':>11} {'amortized MB':>13} {'ddp / method':>13} "
           f"{'state MB':>10} {'AdamW / method':>15}")
     for row in rows:
@@ -463,6 +501,12 @@ def main(argv: list[str] | None = None) -> None:
         for base, claim in PAPER_CLAIMS.items():
             print(f"{size}: {base} / lordo = {steady[base] / steady['lordo']:.1f}x "
                   f"(lordo / {base} = {steady['lordo'] / steady[base]:.4f}); paper: about {claim:.0f}x")
+    print(f"\nLink rate (Mbit/s) below which a reaches a common target before b, compute 6 N T / F per step "
+          f"(T = {PAPER_TOKENS_PER_WORKER_STEP:,} tokens per worker, F = {args.flops_per_s:.3g} FLOP/s), "
+          "rho = a's steps to the target over b's:")
+    for row in crossover:
+        print(f"{row['size']:<11} {row['a']} vs {row['b']:<12} rho {row['steps_ratio']:<5g} "
+              f"{row['crossover_mbit']:>12,.0f}")
 
 
 if __name__ == "__main__":

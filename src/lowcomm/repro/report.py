@@ -445,10 +445,13 @@ def experiment_section(results: Path, name: str) -> str:
     claims = [(name, c) for c in claims_of(name, Stored(results, name))]
     parts = [claims_markdown(claims, linked=False), stored_table_markdown(results, name)]
     if name == "communication":
-        analytic = results / name / "analytic.md"
-        parts.append("Analytic, at the paper sizes (results/communication/analytic.csv, `make accounting OUT=results`):"
-                     "\n\n" + analytic.read_text() if analytic.exists() else
-                     "The analytic table is pending: `make accounting OUT=results`.")
+        for stem, what in (("analytic", "Analytic, at the paper sizes"),
+                           ("crossover", "Modeled crossover at the paper sizes (the link rate in Mbit/s below which "
+                                         "a reaches a common target before b when it needs rho times b's steps)")):
+            table = results / name / f"{stem}.md"
+            parts.append(f"{what} (results/communication/{stem}.csv, `make accounting OUT=results`):\n\n"
+                         + table.read_text() if table.exists() else
+                         f"The {stem} table is pending: `make accounting OUT=results`.")
     for table in sorted((results / name).glob("*/table.md")):  # every other stored preset
         preset = table.parent.name
         if preset != PRESET:

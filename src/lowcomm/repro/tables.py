@@ -46,6 +46,7 @@ from lowcomm.repro.stats import paired_difference, sample_std
 from lowcomm.repro.wallclock import (
     BANDWIDTHS_GBPS,
     LATENCY_S,
+    crossover_rate_mbit,
     step_time,
     steps_to_reach,
 )
@@ -477,8 +478,8 @@ def emulated_network_table(results: list[RunResult], params: dict) -> dict[str, 
 def crossover_rates(table: pd.DataFrame, pairs: list[list[str]], latency_s: float) -> pd.DataFrame:
     """Per pair [a, b] of methods: the link rate (Mbit/s) below which a reaches the target before b. Measured:
     log-linear interpolation of log(time_a / time_b) between the two rates run where its sign changes (NaN where it
-    does not change). Modeled: S_a (c_a + 8 B_a / R + L n_a) = S_b (c_b + 8 B_b / R + L n_b) solved for R, with the
-    median over the rates of each method's steps to target S, compute c, bytes B and collectives n."""
+    does not change). Modeled: lowcomm.repro.wallclock.crossover_rate_mbit with the median over the rates of each
+    method's steps to target S, compute c, bytes B and collectives n."""
     rows = []
     for a, b in pairs:
         ta = table[table["method"] == a].set_index("link_rate_mbit")
@@ -491,13 +492,10 @@ def crossover_rates(table: pd.DataFrame, pairs: list[list[str]], latency_s: floa
             if l0 * l1 <= 0 and l0 != l1:
                 measured = math.exp(math.log(r0) + l0 / (l0 - l1) * (math.log(r1) - math.log(r0)))
 
-        def median(frame: pd.DataFrame, column: str) -> float:
-            return float(frame[column].median())
-        sa, sb = median(ta, "steps_to_target"), median(tb, "steps_to_target")
-        fixed = sa * (median(ta, "compute_s") + latency_s * median(ta, "collectives_per_step")) - \
-            sb * (median(tb, "compute_s") + latency_s * median(tb, "collectives_per_step"))
-        wire = 8 * (sb * median(tb, "bytes_per_step/total") - sa * median(ta, "bytes_per_step/total"))
-        modeled = wire / fixed / 1e6 if fixed > 0 and wire > 0 else math.nan
+        def medians(frame: pd.DataFrame) -> list[float]:
+            return [float(frame[c].median()) for c in
+                    ("steps_to_target", "compute_s", "bytes_per_step/total", "collectives_per_step")]
+        modeled = crossover_rate_mbit(*medians(ta), *medians(tb), latency_s)
         rows.append({"a": a, "b": b, "rates_mbit": " ".join(f"{r:g}" for r in rates),
                      "crossover_measured_mbit": measured, "crossover_modeled_mbit": modeled})
     return pd.DataFrame(rows, columns=["a", "b", "rates_mbit", "crossover_measured_mbit", "crossover_modeled_mbit"])

@@ -36,3 +36,22 @@ def steps_to_reach(steps: Sequence[float], losses: Sequence[float], target: floa
             return s0 + (l0 - target) / (l0 - loss) * (step - s0)
         previous = (step, loss)
     return math.nan
+
+
+def crossover_rate_mbit(steps_a: float, compute_a: float, bytes_a: float, collectives_a: float,
+                        steps_b: float, compute_b: float, bytes_b: float, collectives_b: float,
+                        latency_s: float = LATENCY_S) -> float:
+    """The link rate R (Mbit/s) below which a reaches the target before b:
+    S_a (c_a + 8 B_a / R + L n_a) = S_b (c_b + 8 B_b / R + L n_b) solved for R. inf where a is first at every rate,
+    0 where it is first at none, NaN where a is first only above R (it sends more bytes to the target)."""
+    fixed = steps_a * (compute_a + latency_s * collectives_a) - steps_b * (compute_b + latency_s * collectives_b)
+    wire = 8 * (steps_b * bytes_b - steps_a * bytes_a)
+    if wire > 0:
+        return wire / fixed / 1e6 if fixed > 0 else math.inf
+    return 0.0 if fixed >= 0 else math.nan
+
+
+def compute_seconds(params: float, tokens: float, flops_per_s: float) -> float:
+    """Seconds of one worker's step from the usual count of 6 N T FLOPs (forward and backward) for N parameters and
+    T tokens, at a sustained `flops_per_s`."""
+    return 6 * params * tokens / flops_per_s
