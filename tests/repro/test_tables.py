@@ -66,6 +66,18 @@ def test_methods_table_ratios_state_downstream_and_modeled_time():
     t_step = 0.1 + 1e5 * 8 / 8e9 + 1e-3 * 8 / 8  # compute + bytes / bandwidth + latency x collectives per step
     assert t.loc["lordo", "time_to_final_s_8gbps"] == pytest.approx(t.loc["lordo", "steps_to_final"] * t_step)
     assert tables["comparisons"]["verdict"].tolist() == ["too few seeds"]
+    assert "time_to_target_s_8gbps" not in t
+
+
+def test_methods_table_times_to_a_common_target_every_row_reaches():
+    results = [run("ddp", 0, [8.0, 5.0, 4.0]), run("lordo", 0, [8.0, 4.5, 4.6], **{"bytes_per_step/total": 1e5})]
+    t = build_tables({"kind": "methods", "latency_s": 1e-3, "target_bandwidths_gbps": [0.01, 0.1]},
+                     results)["table"].set_index("label")
+    assert (t["target_loss"] == 4.6).all()  # the worst final loss
+    assert t.loc["ddp", "steps_to_target"] == pytest.approx(4 + 4 * (5.0 - 4.6) / (5.0 - 4.0))
+    for label, sent in (("ddp", 1e6), ("lordo", 1e5)):
+        t_step = 0.1 + sent * 8 / 1e7 + 1e-3 * 8 / 8
+        assert t.loc[label, "time_to_target_s_0.01gbps"] == pytest.approx(t.loc[label, "steps_to_target"] * t_step)
 
 
 def test_downstream_scores_and_words_become_columns():

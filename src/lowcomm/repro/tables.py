@@ -241,6 +241,17 @@ def add_modeled_times(table: pd.DataFrame, steps: pd.Series, bandwidths: list[fl
         table[f"{name}_s_{bw:g}gbps"] = steps.values * pd.Series(t).values
 
 
+def add_times_to_common_target(table: pd.DataFrame, curves: dict[str, pd.Series], bandwidths: list[float],
+                               latency_s: float) -> None:
+    """Columns target_loss (the worst final validation loss of the rows, so that every row reaches it),
+    steps_to_target (on the mean curve) and the modeled t_step and time_to_target at each bandwidth."""
+    target = float(table["final_val_loss"].max())
+    table["target_loss"] = target
+    steps = pd.Series([_reach(curves[label], target) for label in table["label"]])
+    table["steps_to_target"] = steps
+    add_modeled_times(table, steps, bandwidths, latency_s, "time_to_target")
+
+
 def label_at(table: pd.DataFrame, method: str, value: Any) -> str | None:
     """The label of run label `method` at sweep value `value` (compared as numbers), or None."""
     rows = table[(table["method"] == method) & (table["sweep_value"].astype(float) == float(value))]
@@ -260,7 +271,8 @@ def methods_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFr
     """LoRDO's Table 3: loss and perplexity, downstream accuracy ('not evaluated' without a record's `downstream`),
     bytes per worker per step and their ratio to each baseline, optimizer state and its ratio to AdamW's (the
     `state_baseline` row), AdamW's moments of the hidden matrices over the low-rank moments, and the modeled time
-    to the final loss at `bandwidth_gbps`."""
+    to the final loss at `bandwidth_gbps`; with `target_bandwidths_gbps`, also the modeled time to a common target
+    (`add_times_to_common_target`) at each of those bandwidths."""
     runs = per_run_frame(results)
     table = summarize(runs)
     by_label = table.set_index("label")
@@ -282,6 +294,8 @@ def methods_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFr
     table["steps_to_final"] = steps
     add_modeled_times(table, steps, [params.get("bandwidth_gbps", 10.0)], params.get("latency_s", LATENCY_S),
                       "time_to_final")
+    if "target_bandwidths_gbps" in params:
+        add_times_to_common_target(table, curves, params["target_bandwidths_gbps"], params.get("latency_s", LATENCY_S))
     return {"table": table, "comparisons": compare_rows(runs, table, params.get("compare", []))}
 
 
@@ -413,13 +427,8 @@ def communication_table(results: list[RunResult], params: dict) -> dict[str, pd.
     runs = per_run_frame(results)
     runs["analytic_bytes_per_step"] = [analytic_bytes(r) for r in results]
     table = summarize(runs)
-    curves = mean_curves(results)
-    target = float(table["final_val_loss"].max())
-    table["target_loss"] = target
-    steps = pd.Series([_reach(curves[label], target) for label in table["label"]])
-    table["steps_to_target"] = steps
-    add_modeled_times(table, steps, params.get("bandwidths_gbps", list(BANDWIDTHS_GBPS)),
-                      params.get("latency_s", LATENCY_S), "time_to_target")
+    add_times_to_common_target(table, mean_curves(results), params.get("bandwidths_gbps", list(BANDWIDTHS_GBPS)),
+                               params.get("latency_s", LATENCY_S))
     return {"table": table}
 
 
