@@ -155,28 +155,33 @@ def emulated(method, rate, losses, seconds_per_step, bytes_per_step, collectives
 
 def test_emulated_network_measured_beside_modeled_and_the_crossover():
     """ddp: 1 MB and 1 collective per step, 0.1 s of compute; lordo: 0.1 MB, 0.25 collectives, 0.12 s, more steps
-    to the target. Measured steps take what the model says, so every ratio is 1; the reference rate gives t_compute;
-    lordo is faster at 8 and 80 Mbit/s, slower at 800."""
+    to the target. Measured steps take what the model says (but for one lordo run whose compute is 30 % slower), so
+    the method's median compute is the true one and every other ratio is 1; lordo is faster at 8 and 80 Mbit/s,
+    slower at 800."""
     model = {"ddp": (0.1, 1e6, 1.0), "lordo": (0.12, 1e5, 0.25)}
     curves = {"ddp": [8.0, 6.0, 5.0, 4.0], "lordo": [8.0, 6.5, 5.5, 4.5]}
     results, times = [], {}
     for rate in (8, 80, 800, 100000):
         for method, (compute, nbytes, collectives) in model.items():
+            slow = 0.3 * compute if (method, rate) == ("lordo", 100000) else 0.0
             t = compute + 8 * nbytes / (rate * 0.96e6) + 1e-3 * collectives
             times[method, rate] = t
-            results.append(emulated(method, rate, curves[method], compute if rate == 100000 else t, nbytes,
-                                    collectives))
-    tables = build_tables({"kind": "emulated_network", "reference_mbit": 100000, "latency_s": 1e-3,
-                           "target_margin": 0.1, "crossover": [["lordo", "ddp"]]}, results)
+            results.append(emulated(method, rate, curves[method], t + slow, nbytes, collectives))
+    tables = build_tables({"kind": "emulated_network", "latency_s": 1e-3, "target_margin": 0.1,
+                           "crossover": [["lordo", "ddp"]]}, results)
     t = tables["table"].set_index("label")
-    assert list(t.index) == [f"{m}_mbit{r}" for r in (8, 80, 800) for m in ("ddp", "lordo")]  # reference: an input
-    assert t["step_time_ratio"].tolist() == pytest.approx([1.0] * 6)
+    assert list(t.index) == [f"{m}_mbit{r}" for r in (8, 80, 800, 100000) for m in ("ddp", "lordo")]
+    assert t.loc["lordo_mbit100000", "compute_run_s"] == pytest.approx(1.3 * 0.12)
+    assert t["compute_s"].tolist() == pytest.approx([0.1, 0.12] * 4)
+    assert t["step_time_ratio"].tolist()[:7] == pytest.approx([1.0] * 7)
+    assert t.loc["lordo_mbit100000", "step_time_ratio"] > 1.25
+    t = t.drop(index="lordo_mbit100000")
     target = 4.5 + 0.1 * (8.0 - 4.5)  # worst final loss, a tenth of the way back to the initial loss
-    assert t["target_loss"].tolist() == pytest.approx([target] * 6)
+    assert t["target_loss"].tolist() == pytest.approx([target] * 7)
     steps = {"ddp": 8 + 4 * (5.0 - target) / (5.0 - 4.0), "lordo": 8 + 4 * (5.5 - target) / (5.5 - 4.5)}
     assert t.loc["lordo_mbit8", "steps_to_target"] == pytest.approx(steps["lordo"])
     assert t.loc["lordo_mbit8", "time_to_target_measured_s"] == pytest.approx(steps["lordo"] * times["lordo", 8])
-    assert t["time_to_target_ratio"].tolist() == pytest.approx([1.0] * 6)
+    assert t["time_to_target_ratio"].tolist() == pytest.approx([1.0] * 7)
     c = tables["crossover"].iloc[0]
     s_d, s_l = steps["ddp"], steps["lordo"]  # S_l (c_l + 8 B_l / R + L n_l) = S_d (c_d + 8 B_d / R + L n_d)
     modeled = 8 * (s_d * 1e6 - s_l * 1e5) / (s_l * (0.12 + 1e-3 * 0.25) - s_d * (0.1 + 1e-3)) / 1e6

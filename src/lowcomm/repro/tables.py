@@ -455,12 +455,14 @@ def time_to_reach(run: RunResult, target: float) -> float:
 def emulated_network_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
     """Runs over the emulated network (rows: method at link rate, lowcomm.training.emulated_network) beside the
     model of lowcomm.repro.wallclock. Measured: seconds per step (training time / steps) and to the target.
-    Modeled: t_compute + bytes / (measured link rate) + latency x collectives, t_compute being the median logged
-    step time of the method's run at `reference_mbit` (a cap that does not bind: the median interval holds no
-    K-step sync), and steps to the target x t_step. The target is a loss every row reaches: the worst final loss
-    raised by `target_margin` of the way back to the initial loss. `crossover` pairs [a, b] give the link rate below
-    which a reaches the target before b, measured (log-linear between the rates run) and modeled."""
-    latency, reference = params.get("latency_s", LATENCY_S), params["reference_mbit"]
+    Modeled: t_compute + 8 B / R + latency x collectives at the run's measured link rate R, t_compute being the
+    method's median over its runs of (measured s/step - modeled communication): each run's compute, `compute_run_s`,
+    varies from run to run on a shared CPU, and the median over the rates keeps one slow or fast run from setting
+    the method's line. Steps to the target x t_step gives the modeled time to it. The target is a loss every row
+    reaches: the worst final loss raised by `target_margin` of the way back to the initial loss. `crossover` pairs
+    [a, b] give the link rate below which a reaches the target before b, measured (log-linear between the rates
+    run) and modeled."""
+    latency = params.get("latency_s", LATENCY_S)
     runs = per_run_frame(results)
     runs["link_rate_mbit"] = runs["sweep_value"].astype(float)
     runs["link_rate_measured_mbit"] = [float(np.mean(r.record.get("link_rate_measured_mbit", [math.nan])))
@@ -471,17 +473,16 @@ def emulated_network_table(results: list[RunResult], params: dict) -> dict[str, 
     runs["steps_to_target"] = [_reach(r.validation_curve().set_index("step")["val_loss"], target) for r in results]
     runs["time_to_target_measured_s"] = [time_to_reach(r, target) for r in results]
     table = summarize(runs, ("step_time_measured_s", "time_to_target_measured_s"))
-    compute = table[table["link_rate_mbit"] == reference].set_index("method")["step_time_s"]
     table["target_loss"], table["modeled_latency_s"] = target, latency
-    table["compute_s"] = table["method"].map(compute)
-    table["step_time_modeled_s"] = [step_time(c, b, n, rate / 1e3, latency) for c, b, n, rate in
-                                    zip(table["compute_s"], table["bytes_per_step/total"],
-                                        table["collectives_per_step"], table["link_rate_measured_mbit"])]
+    communication = [step_time(0.0, b, n, rate / 1e3, latency) for b, n, rate in
+                     zip(table["bytes_per_step/total"], table["collectives_per_step"], table["link_rate_measured_mbit"])]
+    table["compute_run_s"] = table["step_time_measured_s"] - communication
+    table["compute_s"] = table.groupby("method")["compute_run_s"].transform("median")
+    table["step_time_modeled_s"] = table["compute_s"] + communication
     table["step_time_ratio"] = table["step_time_measured_s"] / table["step_time_modeled_s"]
     table["time_to_target_modeled_s"] = table["steps_to_target"] * table["step_time_modeled_s"]
     table["time_to_target_ratio"] = table["time_to_target_measured_s"] / table["time_to_target_modeled_s"]
-    capped = table[table["link_rate_mbit"] != reference].reset_index(drop=True)
-    return {"table": capped, "crossover": crossover_rates(capped, params.get("crossover", []), latency)}
+    return {"table": table, "crossover": crossover_rates(table, params.get("crossover", []), latency)}
 
 
 def crossover_rates(table: pd.DataFrame, pairs: list[list[str]], latency_s: float) -> pd.DataFrame:
@@ -541,7 +542,8 @@ SHOWN = {
     "beta": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"],
     "horizon": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "ddp_steps_to_final"],
     "emulated_network": ["label", "link_rate_mbit", "link_rate_measured_mbit", "seeds", "final_val_loss",
-                         "bytes_per_step/total", "collectives_per_step", "compute_s", "step_time_measured_s",
+                         "bytes_per_step/total", "collectives_per_step", "compute_run_s", "compute_s",
+                         "step_time_measured_s",
                          "step_time_modeled_s", "step_time_ratio", "target_loss", "steps_to_target",
                          "time_to_target_measured_s", "time_to_target_modeled_s", "time_to_target_ratio"],
     "convergence": ["label", "seeds", "final_val_loss", "final_val_loss_std", "steps_to_target", "steps_to_target_std",
