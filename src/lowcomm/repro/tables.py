@@ -474,8 +474,8 @@ def emulated_network_table(results: list[RunResult], params: dict) -> dict[str, 
     runs["time_to_target_measured_s"] = [time_to_reach(r, target) for r in results]
     table = summarize(runs, ("step_time_measured_s", "time_to_target_measured_s"))
     table["target_loss"], table["modeled_latency_s"] = target, latency
-    communication = [step_time(0.0, b, n, rate / 1e3, latency) for b, n, rate in
-                     zip(table["bytes_per_step/total"], table["collectives_per_step"], table["link_rate_measured_mbit"])]
+    communication = [step_time(0.0, b, n, rate / 1e3, latency) for b, n, rate in zip(
+        table["bytes_per_step/total"], table["collectives_per_step"], table["link_rate_measured_mbit"])]
     table["compute_run_s"] = table["step_time_measured_s"] - communication
     table["compute_s"] = table.groupby("method")["compute_run_s"].transform("median")
     table["step_time_modeled_s"] = table["compute_s"] + communication
@@ -543,8 +543,8 @@ SHOWN = {
     "horizon": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "ddp_steps_to_final"],
     "emulated_network": ["label", "link_rate_mbit", "link_rate_measured_mbit", "seeds", "final_val_loss",
                          "bytes_per_step/total", "collectives_per_step", "compute_run_s", "compute_s",
-                         "step_time_measured_s",
-                         "step_time_modeled_s", "step_time_ratio", "target_loss", "steps_to_target",
+                         "step_time_measured_s", "step_time_modeled_s", "step_time_ratio", "target_loss",
+                         "steps_to_target",
                          "time_to_target_measured_s", "time_to_target_modeled_s", "time_to_target_ratio"],
     "convergence": ["label", "seeds", "final_val_loss", "final_val_loss_std", "steps_to_target", "steps_to_target_std",
                     "steps_to_target_n", "step_time_s", "time_to_target_s", "active_rank_share_over_training"],
