@@ -179,3 +179,28 @@ def test_convergence_claims_follow_the_steps_and_time_comparisons(tmp_path):
     claims = report.convergence_claims(Stored(tmp_path, "orthdion_convergence"))
     assert [c.verdict for c in claims] == [REPRODUCED, INCONCLUSIVE, NOT_REPRODUCED]
     assert claims[0].ours.startswith("12.5 % fewer (448 vs 512 steps)")
+
+
+def test_compressed_claims_read_the_paired_comparisons_bytes_and_the_goal(tmp_path):
+    out = tmp_path / "compressed_sync" / "cpu"
+    out.mkdir(parents=True)
+    # label: bytes per step as a share of ddp's
+    shares = {"ddp": 1.0, "diloco": 1 / 32, "lordo": 1 / 26, "sparseloco_d1": 1 / 3000, "sparseloco_d3": 1 / 1100,
+              "diloco_4bit": 1 / 256, "lordo_compressed": 1 / 130, "lordo_compressed_local_moments": 1 / 2600,
+              "muloco_compressed": 1 / 3000}
+    pd.DataFrame([{"label": k, "final_val_loss": 4.0, "seeds": 3, "steps": 1024, "bytes_per_step/total": 1e7 * v,
+                   "bytes_ratio_to_ddp": v} for k, v in shares.items()]).to_csv(out / "table.csv", index=False)
+    verdicts = {("sparseloco_d1", "diloco"): "equivalent", ("sparseloco_d3", "diloco"): "lower",
+                ("lordo_compressed", "lordo"): "inconclusive", ("lordo_compressed_local_moments", "lordo"): "lower",
+                ("diloco_4bit", "diloco"): "lower", ("lordo_compressed", "diloco"): "higher",
+                ("lordo_compressed_local_moments", "diloco"): "higher", ("muloco_compressed", "diloco"): "higher"}
+    pd.DataFrame([comparison(a, b, v) for (a, b), v in verdicts.items()]).to_csv(out / "comparisons.csv", index=False)
+    claims = report.compressed_claims(Stored(tmp_path, "compressed_sync"))
+    assert claims[0].verdict == REPRODUCED  # equivalent and lower: no worse
+    assert claims[1].verdict == NOT_REPRODUCED and "5x fewer bytes than lordo" in claims[1].ours  # 130 / 26 < 10
+    assert claims[2].verdict == REPRODUCED and "100x fewer bytes than lordo" in claims[2].ours
+    assert claims[3].verdict == "reached by sparseloco_d1, sparseloco_d3"  # d3: 1/1100 of ddp's bytes
+    verdicts[("sparseloco_d1", "diloco")] = verdicts[("sparseloco_d3", "diloco")] = "higher"
+    pd.DataFrame([comparison(a, b, v) for (a, b), v in verdicts.items()]).to_csv(out / "comparisons.csv", index=False)
+    claims = report.compressed_claims(Stored(tmp_path, "compressed_sync"))
+    assert claims[0].verdict == NOT_REPRODUCED and claims[3].verdict == "not reached"

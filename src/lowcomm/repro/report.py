@@ -163,6 +163,11 @@ def about(ours: float, claimed: float) -> str:
     return REPRODUCED if abs(ours / claimed - 1) <= ABOUT else NOT_REPRODUCED
 
 
+def about_at_least(ours: float, wanted: float) -> str:
+    """Reproduced where `ours` is at least `wanted` (a 'falls N x or more' claim)."""
+    return PENDING if not math.isfinite(ours) else REPRODUCED if ours >= wanted else NOT_REPRODUCED
+
+
 def pending(claims: list[str], command: str) -> list[Claim]:
     return [Claim(paper, PENDING, f"not stored yet: `{command}`") for paper in claims]
 
@@ -397,6 +402,49 @@ def spectral_claims(s: Stored) -> list[Claim]:
     return claims + [Claim(texts[3], verdict, f"mean cosine over the syncs: {ours}", probe.setting)]
 
 
+def no_worse(c: pd.Series | None) -> str:
+    """Verdict of a claim 'a ends no worse than b' from a paired comparison row: reproduced where a is lower or
+    equivalent, not reproduced where it is higher."""
+    if c is None:
+        return PENDING
+    return {TOO_FEW: NO_VERDICT, LOWER: REPRODUCED, EQUIVALENT: REPRODUCED, HIGHER: NOT_REPRODUCED}.get(
+        c["verdict"], INCONCLUSIVE)
+
+
+COMPRESSED = ("sparseloco_d1", "sparseloco_d3", "diloco_4bit", "lordo_compressed", "lordo_compressed_local_moments",
+              "muloco_compressed")  # compressed_sync's rows with a compressed pseudo-gradient
+GOAL_BYTES = 1e-3  # the goal's bytes per step, as a share of DDP's
+
+
+def compressed_claims(s: Stored) -> list[Claim]:
+    """SparseLoCo against dense DiLoCo; LoRDO's loss and bytes with a compressed pseudo-gradient (with the moment
+    averages kept, and kept local); which compressed rows reach the goal: no worse than dense DiLoCo (paired) at
+    GOAL_BYTES of DDP's bytes per step or fewer."""
+    texts = ["SparseLoCo: at 1-3 % density and 2 bits it ends no worse than dense DiLoCo",
+             "beyond the papers: a compressed pseudo-gradient costs LoRDO no more than the paired interval allows, "
+             "while its bytes fall 10x or more",
+             "beyond the papers: the same, with each worker keeping its own low-rank moments "
+             "(lordo_compressed_local_moments)",
+             "beyond the papers (goal): a method no worse than dense DiLoCo at 1,000x fewer bytes per step than DDP"]
+    if s.table is None or s.comparisons is None or s.row("lordo") is None:
+        return pending(texts, f"{target(s.name)} OUT=results")
+    sparse = [s.comparison(label, "diloco") for label in COMPRESSED[:2]]
+    claims = [Claim(texts[0], combine([no_worse(c) for c in sparse]), "; ".join(diff_text(c) for c in sparse))]
+    for text, label in zip(texts[1:3], COMPRESSED[3:5]):
+        row, c = s.row(label), s.comparison(label, "lordo")
+        fall = s.row("lordo")["bytes_per_step/total"] / row["bytes_per_step/total"] if row is not None else math.nan
+        verdict = combine([no_worse(c), about_at_least(fall, 10)])
+        claims.append(Claim(text, verdict, f"{diff_text(c)}; {num(fall, 3)}x fewer bytes than lordo"))
+    held = [(label, s.row(label), s.comparison(label, "diloco")) for label in COMPRESSED if s.row(label) is not None]
+    small = [(label, c) for label, row, c in held if row["bytes_ratio_to_ddp"] <= GOAL_BYTES]
+    reached = [label for label, c in small if no_worse(c) == REPRODUCED]
+    verdict = (f"reached by {', '.join(reached)}" if reached else
+               "not reached" if all(no_worse(c) == NOT_REPRODUCED for _, c in small) else INCONCLUSIVE)
+    ours = "; ".join(f"{label}: {num(1 / row['bytes_ratio_to_ddp'], 4)}x fewer bytes than ddp, {diff_text(c)}"
+                     for label, row, c in held)
+    return claims + [Claim(texts[3], verdict, ours)]
+
+
 CLAIMS: dict[str, Callable[[Stored], list[Claim]]] = {  # an experiment's `report.claims` names one
     "table3": table3_claims,
     "stagnation": stagnation_claims,
@@ -407,6 +455,7 @@ CLAIMS: dict[str, Callable[[Stored], list[Claim]]] = {  # an experiment's `repor
     "convergence": convergence_claims,
     "communication": communication_claims,
     "spectral": spectral_claims,
+    "compressed": compressed_claims,
 }
 
 
