@@ -231,3 +231,38 @@ def test_a_run_another_experiment_already_trained_is_copied_not_retrained(spec_p
     shutil.rmtree(copied)
     experiment.run_experiment(spec_path, "smoke", out)  # a different config is trained, not copied
     assert trained == [run.name, run.name] and "copied_from" not in json.loads((copied / "record.json").read_text())
+
+
+@pytest.mark.parametrize("source_has, copied", [
+    ({}, False),  # neither scores nor model: the experiment could not score it, so it is trained
+    ({"downstream": {"heldout_passage_ending": {"acc": 0.5}}}, True),
+    ({"model.pt": True}, True),
+])
+def test_a_run_is_copied_only_where_the_experiments_downstream_tasks_can_be_scored(spec_path, tmp_path, monkeypatch,
+                                                                                   source_has, copied):
+    spec_path.write_text(SPEC + "downstream: [heldout_passage_ending]\n")
+    spec = load_spec(spec_path)
+    run = experiment_grid(spec, "smoke")[0]
+    out = tmp_path / "results"
+    source = out / "lr_sweep" / "cpu" / "runs" / "lordo-s0"
+    same = OmegaConf.to_container(resolved_config(spec, run, source.parent))
+    same["run"]["name"] = "lordo-s0"
+    write_run(source, same, {"status": "complete", "final_val_loss": 4.0,
+                             **({"downstream": source_has["downstream"]} if "downstream" in source_has else {})})
+    if "model.pt" in source_has:
+        (source / "model.pt").write_bytes(b"")
+    trained, scored = [], []
+
+    def train(cfg):
+        trained.append(cfg.run.name)
+        write_run(Path(cfg.run.out_dir) / cfg.run.name, cfg, {"status": "complete", "final_val_loss": 4.5})
+
+    monkeypatch.setattr(experiment, "train", train)
+    monkeypatch.setattr(experiment, "evaluate_downstream", lambda run_dir, tasks: scored.append((run_dir.name, tasks)))
+    monkeypatch.setattr(experiment, "RunResult", type("Loaded", (), {"load": staticmethod(lambda r, d: d)}))
+    monkeypatch.setattr(experiment, "build_tables", lambda params, results: results)
+    monkeypatch.setattr(experiment, "write_tables", lambda tables, params, out_dir: None)
+    experiment.run_experiment(spec_path, "smoke", out)
+    record = json.loads((out / "demo" / "smoke" / "runs" / run.name / "record.json").read_text())
+    assert ("copied_from" in record) == copied and trained == ([] if copied else [run.name])
+    assert scored == [(run.name, ["heldout_passage_ending"])]

@@ -34,8 +34,9 @@ stored config.yaml equals the run's resolved config (both on the optimizer's def
 its directory is replaced by a new run. So an interrupted
 experiment resumes, and a changed config is rerun, never silently reused. A run to train whose config equals a
 complete run of another experiment or preset under <out> (name and place aside: horizon's ddp-steps1024-s1 is
-table3_main claim's ddp-s1) is copied from it instead, its record naming the source (`copied_from`); --force trains
-it anew. With `downstream`, every run whose
+table3_main claim's ddp-s1) is copied from it instead, its record naming the source (`copied_from`), provided it
+holds the scores the experiment's `downstream` tasks need or its model.pt (which results/ does not commit); --force
+trains it anew. With `downstream`, every run whose
 record has no scores for those tasks is evaluated (lowcomm.eval.evaluate.evaluate_run_dir; hub tasks record "needs hub"
 when the hub cannot be reached).
 """
@@ -255,11 +256,19 @@ def stale_reason(run_dir: Path, cfg: DictConfig, keep_diverged: bool = False) ->
     return f"its config differs ({diff})" if diff else None
 
 
-def complete_runs(results: Path, keep_diverged: bool = False, leave_out: set[Path] = frozenset()) -> dict[Path, dict]:
+def scorable(run_dir: Path, tasks: list[str]) -> bool:
+    """Whether the run holds scores on every one of `tasks`, or the model.pt to compute them."""
+    scored = read_record(run_dir).get("downstream", {})
+    return all(t in scored for t in tasks) or (run_dir / "model.pt").exists()
+
+
+def complete_runs(results: Path, keep_diverged: bool = False, leave_out: set[Path] = frozenset(),
+                  tasks: list[str] = ()) -> dict[Path, dict]:
     """Every run directory of any experiment and preset under `results` but `leave_out` that can stand for a run
-    (record_problem is None), with its `comparable` config tree."""
+    (record_problem is None) and be scored on `tasks` (scorable), with its `comparable` config tree."""
     dirs = sorted(c.parent for c in Path(results).glob("*/*/runs/*/config.yaml") if c.parent not in leave_out)
-    return {d: stored_comparable(d) for d in dirs if record_problem(d, keep_diverged) is None}
+    return {d: stored_comparable(d) for d in dirs
+            if record_problem(d, keep_diverged) is None and scorable(d, list(tasks))}
 
 
 def identical_run(stored: dict[Path, dict], cfg: DictConfig) -> Path | None:
@@ -339,7 +348,8 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
         raise ConfigError(f"--tables-only: {len(stale)} run(s) of {out_dir} cannot be reused, e.g. {stale[0][0]} "
                           f"({stale[0][1]}): run without --tables-only to train them")
     replaced = {out_dir / "runs" / name for name, _ in stale}  # emptied before they are trained again
-    stored = complete_runs(out, keep_diverged, replaced) if stale and not force else {}
+    tasks = list(spec.get("downstream", []))
+    stored = complete_runs(out, keep_diverged, replaced, tasks) if stale and not force else {}
     sources = [None if reason is None else identical_run(stored, cfg) for cfg, reason in zip(configs, reasons)]
     progress = Progress(f"{spec.name}/{preset}", len(grid), len(stale) - sum(s is not None for s in sources))
     for index, (run, cfg, reason, source) in enumerate(zip(grid, configs, reasons, sources), start=1):
@@ -355,7 +365,7 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
             else:
                 train_into(run_dir, cfg, keep_diverged, index, run, reason, progress)
         if not tables_only:
-            evaluate_downstream(run_dir, list(spec.get("downstream", [])))
+            evaluate_downstream(run_dir, tasks)
     results = [RunResult.load(run, out_dir / "runs" / run.name) for run in grid]
     params = table_params(spec, preset)
     write_tables(build_tables(params, results), params, out_dir)
