@@ -76,7 +76,7 @@ def test_table3_claims_move_to_the_claim_preset_once_it_holds_every_row(tmp_path
     pd.read_csv(tmp_path / "table3_main" / "cpu" / "table.csv").head(2).to_csv(claim / "table.csv", index=False)
     partial = report.table3_claims(Stored(tmp_path, "table3_main"))
     assert partial[4].verdict == REPRODUCED
-    assert partial[4].setting == "cpu preset, 256 steps, lrs named in its config; claim preset pending"
+    assert partial[4].setting == "cpu preset, 256 steps, tuned lrs; claim preset pending"
     shutil.rmtree(claim)
     write_table3(tmp_path, {("lordo", "lordo_local"): "higher"}, preset="claim", seeds=5, steps=1024)
     full = report.table3_claims(Stored(tmp_path, "table3_main"))
