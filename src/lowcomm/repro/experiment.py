@@ -50,6 +50,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -256,19 +257,19 @@ def stale_reason(run_dir: Path, cfg: DictConfig, keep_diverged: bool = False) ->
     return f"its config differs ({diff})" if diff else None
 
 
-def scorable(run_dir: Path, tasks: list[str]) -> bool:
+def scorable(run_dir: Path, tasks: Sequence[str]) -> bool:
     """Whether the run holds scores on every one of `tasks`, or the model.pt to compute them."""
     scored = read_record(run_dir).get("downstream", {})
     return all(t in scored for t in tasks) or (run_dir / "model.pt").exists()
 
 
 def complete_runs(results: Path, keep_diverged: bool = False, leave_out: set[Path] = frozenset(),
-                  tasks: list[str] = ()) -> dict[Path, dict]:
+                  tasks: Sequence[str] = ()) -> dict[Path, dict]:
     """Every run directory of any experiment and preset under `results` but `leave_out` that can stand for a run
     (record_problem is None) and be scored on `tasks` (scorable), with its `comparable` config tree."""
     dirs = sorted(c.parent for c in Path(results).glob("*/*/runs/*/config.yaml") if c.parent not in leave_out)
     return {d: stored_comparable(d) for d in dirs
-            if record_problem(d, keep_diverged) is None and scorable(d, list(tasks))}
+            if record_problem(d, keep_diverged) is None and scorable(d, tasks)}
 
 
 def identical_run(stored: dict[Path, dict], cfg: DictConfig) -> Path | None:
