@@ -200,14 +200,15 @@ def test_progress_lines_name_the_run_and_estimate_the_rest(capsys, monkeypatch):
     assert lines[3].endswith("done in 1m30s, validation loss 4.5000; 1 to go, ETA 1m15s")  # mean of 60 s and 90 s
 
 
-def test_a_run_another_experiment_already_trained_is_copied_not_retrained(spec_path, tmp_path, monkeypatch):
-    spec = load_spec(spec_path)
-    run = experiment_grid(spec, "smoke")[0]
-    out = tmp_path / "results"
-    source = out / "other" / "claim" / "runs" / "lordo-s0"
+def store_source(spec, run, source: Path, record: dict) -> None:
+    """A complete run of `run`'s config stored at `source`, as another experiment would have left it."""
     same = OmegaConf.to_container(resolved_config(spec, run, source.parent))
-    same["run"]["name"] = "lordo-s0"
-    write_run(source, same, {"status": "complete", "final_val_loss": 4.0})
+    same["run"]["name"] = source.name
+    write_run(source, same, record)
+
+
+def stub_training(monkeypatch) -> list[str]:
+    """The runner with training and tables stubbed out; returns the list of the run names it trains."""
     trained = []
 
     def train(cfg):
@@ -218,6 +219,16 @@ def test_a_run_another_experiment_already_trained_is_copied_not_retrained(spec_p
     monkeypatch.setattr(experiment, "RunResult", type("Loaded", (), {"load": staticmethod(lambda r, d: d)}))
     monkeypatch.setattr(experiment, "build_tables", lambda params, results: results)
     monkeypatch.setattr(experiment, "write_tables", lambda tables, params, out_dir: None)
+    return trained
+
+
+def test_a_run_another_experiment_already_trained_is_copied_not_retrained(spec_path, tmp_path, monkeypatch):
+    spec = load_spec(spec_path)
+    run = experiment_grid(spec, "smoke")[0]
+    out = tmp_path / "results"
+    source = out / "other" / "claim" / "runs" / "lordo-s0"
+    store_source(spec, run, source, {"status": "complete", "final_val_loss": 4.0})
+    trained = stub_training(monkeypatch)
     experiment.run_experiment(spec_path, "smoke", out)
     copied = out / "demo" / "smoke" / "runs" / run.name
     assert trained == [] and OmegaConf.load(copied / "config.yaml").run.name == run.name
@@ -245,23 +256,12 @@ def test_a_run_is_copied_only_where_the_experiments_downstream_tasks_can_be_scor
     run = experiment_grid(spec, "smoke")[0]
     out = tmp_path / "results"
     source = out / "lr_sweep" / "cpu" / "runs" / "lordo-s0"
-    same = OmegaConf.to_container(resolved_config(spec, run, source.parent))
-    same["run"]["name"] = "lordo-s0"
-    write_run(source, same, {"status": "complete", "final_val_loss": 4.0,
-                             **({"downstream": source_has["downstream"]} if "downstream" in source_has else {})})
+    store_source(spec, run, source, {"status": "complete", "final_val_loss": 4.0,
+                                     **({"downstream": source_has["downstream"]} if "downstream" in source_has else {})})
     if "model.pt" in source_has:
         (source / "model.pt").write_bytes(b"")
-    trained, scored = [], []
-
-    def train(cfg):
-        trained.append(cfg.run.name)
-        write_run(Path(cfg.run.out_dir) / cfg.run.name, cfg, {"status": "complete", "final_val_loss": 4.5})
-
-    monkeypatch.setattr(experiment, "train", train)
+    trained, scored = stub_training(monkeypatch), []
     monkeypatch.setattr(experiment, "evaluate_downstream", lambda run_dir, tasks: scored.append((run_dir.name, tasks)))
-    monkeypatch.setattr(experiment, "RunResult", type("Loaded", (), {"load": staticmethod(lambda r, d: d)}))
-    monkeypatch.setattr(experiment, "build_tables", lambda params, results: results)
-    monkeypatch.setattr(experiment, "write_tables", lambda tables, params, out_dir: None)
     experiment.run_experiment(spec_path, "smoke", out)
     record = json.loads((out / "demo" / "smoke" / "runs" / run.name / "record.json").read_text())
     assert ("copied_from" in record) == copied and trained == ([] if copied else [run.name])
