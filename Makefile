@@ -45,7 +45,8 @@ bench: install
 	$(PY) benchmarks/bench_dion.py
 	$(PY) benchmarks/summary.py
 
-# Experiments (experiments/<name>/): `make <name>`, `make table3` (= table3_main), `make experiments` (all).
+# Experiments (experiments/<name>/): `make <name>`, `make table3` (= table3_main's quick preset),
+#   `make experiments` (all).
 #   PRESET=smoke|cpu|paper (default cpu)
 #   OUT=runs (default: a user's run, in the ignored runs/, printed beside the stored results/)
 #   OUT=results (the stored results: the maintainers' path)
@@ -58,6 +59,7 @@ FORCE  ?=
 run_experiment = $(PY) -m lowcomm.repro.experiment experiments/$(1)/config.yaml $(PRESET) --out $(OUT) \
 	$(if $(SEEDS),--seeds $(SEEDS)) $(if $(FORCE),--force)
 
+table3: PRESET = quick
 table3: table3_main
 
 $(filter-out communication lr_sweep,$(DEFINED)): install

@@ -36,7 +36,7 @@ def test_without_stored_tables_every_claim_is_pending(tmp_path):
         claims = report.claims_of(name, Stored(tmp_path, name))
         assert claims and {c.verdict for c in claims} == {PENDING}, name
     assert "The cpu run is pending: `make rank_sweep OUT=results`" in report.experiment_section(tmp_path, "rank_sweep")
-    assert "- [table3_main](experiments/table3_main/README.md): pending (`make table3 OUT=results`)" in \
+    assert "- [table3_main](experiments/table3_main/README.md): pending (`make table3_main OUT=results`)" in \
         report.readme_section(tmp_path)
 
 
