@@ -47,7 +47,7 @@ bench: install
 
 # Experiments (experiments/<name>/): `make <name>`, `make table3` (= table3_main's quick preset),
 #   `make experiments` (all).
-#   PRESET=smoke|cpu|paper (default cpu)
+#   PRESET=smoke|cpu|paper (default cpu; quick for `make table3`)
 #   OUT=runs (default: a user's run, in the ignored runs/, printed beside the stored results/)
 #   OUT=results (the stored results: the maintainers' path)
 #   SEEDS=0,1 (default: one seed into runs/, every seed of the preset into results/)
