@@ -135,14 +135,17 @@ def test_horizon_gaps_to_ddp_per_horizon_and_the_steps_ddp_needs():
                for h, losses in ((8, [8.0, 6.0, 5.2]), (12, [8.0, 6.0, 5.0, 4.0])) for s in (1, 2, 3)]
     results += [run(f"lordo_steps{h}", s, [8.0, 6.5, loss + s / 100], method="lordo", sweep=h)
                 for h, loss in ((8, 5.5), (12, 4.5)) for s in (1, 2, 3)]
-    tables = build_tables({"kind": "horizon", "baseline": "ddp"}, results)
+    results += [run("lordo_k8_steps12", s, [8.0, 6.5, 4.3 + s / 50], method="lordo_k8", sweep=12) for s in (1, 2, 3)]
+    tables = build_tables({"kind": "horizon", "baseline": "ddp", "compare": [["lordo_k8", "lordo"]]}, results)
     t = tables["table"].set_index("label")
     assert t.loc["lordo_steps12", "ddp_steps_to_final"] == pytest.approx(8 + 4 * (5.0 - 4.52) / (5.0 - 4.0))
     assert t.loc["ddp_steps12", "ddp_steps_to_final"] == pytest.approx(12)
     c = tables["comparisons"]
-    assert list(zip(c["sweep_value"], c["a"], c["b"], c["verdict"])) == [(8, "lordo_steps8", "ddp_steps8", "higher"),
-                                                                        (12, "lordo_steps12", "ddp_steps12", "higher")]
-    assert c["diff"].tolist() == pytest.approx([5.52 - 5.2, 4.52 - 4.0])
+    assert list(zip(c["sweep_value"], c["a"], c["b"], c["verdict"])) == [
+        (8, "lordo_steps8", "ddp_steps8", "higher"), (12, "lordo_steps12", "ddp_steps12", "higher"),
+        (12, "lordo_k8_steps12", "ddp_steps12", "higher"), (12, "lordo_k8_steps12", "lordo_steps12", "lower")]
+    # K = 8 against K = 32 per seed: 4.32 - 4.51, 4.34 - 4.52, 4.36 - 4.53, only at the horizon both have
+    assert c["diff"].tolist() == pytest.approx([5.52 - 5.2, 4.52 - 4.0, 4.34 - 4.0, 4.34 - 4.52])
 
 
 def emulated(method, rate, losses, seconds_per_step, bytes_per_step, collectives):

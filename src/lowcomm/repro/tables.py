@@ -327,7 +327,8 @@ def sweep_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFram
 
 def horizon_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
     """Per run label and horizon (sweep value: train.steps): the loss, the paired gap to the `baseline` row at the
-    same horizon, and the steps the baseline's longest run (mean curve) needs to reach the row's final loss."""
+    same horizon, the steps the baseline's longest run (mean curve) needs to reach the row's final loss, and the
+    `compare` pairs [a, b] of run labels (e.g. K = 8 against K = 32) at every horizon both have."""
     base = params["baseline"]
     runs = per_run_frame(results)
     table = summarize(runs)
@@ -335,8 +336,8 @@ def horizon_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFr
     if longest is not None:
         curve = mean_curves([r for r in results if r.label == longest.label])[longest.label]
         table[f"{base}_steps_to_final"] = [_reach(curve, loss) for loss in table["final_val_loss"]]
-    pairs = pairs_at_values([[method, base] for method in dict.fromkeys(table["method"]) if method != base], table)
-    comparisons = compare_rows(runs, table, pairs)
+    gaps = [[method, base] for method in dict.fromkeys(table["method"]) if method != base]
+    comparisons = compare_rows(runs, table, pairs_at_values(gaps + params.get("compare", []), table))
     comparisons.insert(0, "sweep_value", [table.set_index("label").loc[a, "sweep_value"] for a in comparisons["a"]])
     return {"table": table, "comparisons": comparisons}
 
