@@ -175,6 +175,31 @@ def draw_lr_sweep(fig, preset_dir: Path) -> None:
     ax.legend(fontsize=7)
 
 
+def draw_horizon(fig, preset_dir: Path) -> None:
+    """Per horizon T: each row's paired gap to ddp at T (mean over seeds, 95 % t-interval), and the steps the longest
+    ddp run (mean curve over seeds) needs to reach the row's final loss."""
+    axes = fig.subplots(1, 2)
+    table = pd.read_csv(preset_dir / "table.csv").assign(row=lambda t: t["label"].str.rsplit("_steps", n=1).str[0])
+    gaps = pd.read_csv(preset_dir / "comparisons.csv")
+    gaps = gaps[gaps["b"].str.startswith("ddp_steps")].assign(row=lambda t: t["a"].str.rsplit("_steps", n=1).str[0])
+    palette = dict(zip(table["row"].unique(), sns.color_palette(n_colors=table["row"].nunique())))
+    for row, rows in gaps.groupby("row", sort=False):
+        axes[0].errorbar(rows["sweep_value"], rows["diff"], yerr=[rows["diff"] - rows["ci_low"],
+                         rows["ci_high"] - rows["diff"]], marker="o", capsize=3, color=palette[row], label=row)
+    axes[0].axhline(0, color="k", lw=0.8)
+    axes[0].set(xscale="log", xlabel="training steps (horizon)", ylabel="final validation loss - ddp's (nats)",
+                title="gap to ddp (paired seeds, 95 % interval)")
+    sns.lineplot(table, x="sweep_value", y="ddp_steps_to_final", hue="row", palette=palette, marker="o", ax=axes[1])
+    axes[1].set(xscale="log", yscale="log", xlabel="training steps (horizon)",
+                ylabel="ddp steps to the row's final loss", title="steps the longest ddp run needs (mean curve)")
+    horizons = sorted(table["sweep_value"].unique())
+    for ax in axes:
+        ax.set_xticks(horizons, [f"{v:g}" for v in horizons])
+        ax.minorticks_off()
+    axes[1].set_yticks([h / 2 for h in horizons[:1]] + horizons, [f"{h / 2:g}" for h in horizons[:1]] +
+                       [f"{v:g}" for v in horizons])
+
+
 def draw_convergence(fig, preset_dir: Path) -> None:
     ax = fig.subplots()
     rows = validation_panel(ax, preset_dir)
@@ -260,6 +285,7 @@ DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {  # an experiment's `re
     "lr_sweep": (draw_lr_sweep, (7, 4.5)),
     "loss_vs_bytes": (draw_loss_vs_bytes, (12, 4.5)),
     "loss": (draw_loss_only, (6, 4)),
+    "horizon": (draw_horizon, (12, 4.5)),
 }
 
 
