@@ -196,8 +196,8 @@ def draw_horizon(fig, preset_dir: Path) -> None:
     for ax in axes:
         ax.set_xticks(horizons, [f"{v:g}" for v in horizons])
         ax.minorticks_off()
-    axes[1].set_yticks([h / 2 for h in horizons[:1]] + horizons, [f"{h / 2:g}" for h in horizons[:1]] +
-                       [f"{v:g}" for v in horizons])
+    ticks = [horizons[0] / 2, *horizons]
+    axes[1].set_yticks(ticks, [f"{t:g}" for t in ticks])
 
 
 def draw_convergence(fig, preset_dir: Path) -> None:
