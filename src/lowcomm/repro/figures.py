@@ -179,9 +179,12 @@ def draw_horizon(fig, preset_dir: Path) -> None:
     """Per horizon T: each row's paired gap to ddp at T (mean over seeds, 95 % t-interval), and the steps the longest
     ddp run (mean curve over seeds) needs to reach the row's final loss."""
     axes = fig.subplots(1, 2)
-    table = pd.read_csv(preset_dir / "table.csv").assign(row=lambda t: t["label"].str.rsplit("_steps", n=1).str[0])
+    def row_of(labels: pd.Series) -> pd.Series:  # "lordo_k8_steps1024" -> "lordo_k8"
+        return labels.str.rsplit("_steps", n=1).str[0]
+
+    table = pd.read_csv(preset_dir / "table.csv").assign(row=lambda t: row_of(t["label"]))
     gaps = pd.read_csv(preset_dir / "comparisons.csv")
-    gaps = gaps[gaps["b"].str.startswith("ddp_steps")].assign(row=lambda t: t["a"].str.rsplit("_steps", n=1).str[0])
+    gaps = gaps[gaps["b"].str.startswith("ddp_steps")].assign(row=lambda t: row_of(t["a"]))
     palette = dict(zip(table["row"].unique(), sns.color_palette(n_colors=table["row"].nunique())))
     for row, rows in gaps.groupby("row", sort=False):
         axes[0].errorbar(rows["sweep_value"], rows["diff"], yerr=[rows["diff"] - rows["ci_low"],
