@@ -1,6 +1,7 @@
 """Run directories and records: one run per directory, record.json written last, atomically, as strict JSON."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,25 @@ def test_checkpoint_names():
     assert checkpoint_path("runs/a", 8) == Path("runs/a/checkpoints/step000008.ckpt")
     assert rank_checkpoint_file(checkpoint_path("runs/a", 1234567), 3) == Path(
         "runs/a/checkpoints/step1234567.rank3.ckpt")
+
+
+def test_a_record_names_the_changed_files_of_a_dirty_commit(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("a = 1\n")
+    (tmp_path / "notes.md").write_text("outside src/ and experiments/\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "first")
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "notes.md").write_text("edited\n")
+    assert (results.git_commit(tmp_path), results.git_changes(tmp_path)) == (sha, [])
+    (tmp_path / "src" / "a.py").write_text("a = 2\n")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "new.yaml").write_text("name: new\n")
+    assert results.git_commit(tmp_path) == sha + "-dirty"
+    assert results.git_changes(tmp_path) == ["experiments/new.yaml", "src/a.py"]
+    assert results.git_commit(tmp_path / "notes.md") == "unknown"

@@ -26,22 +26,28 @@ from lowcomm.paths import ROOT
 STATUSES = ("complete", "interrupted", "diverged", "failed")
 
 
-def git_commit() -> str:
-    """The repository's HEAD commit (with '-dirty' when tracked files differ), or 'unknown'."""
-    root = ROOT
+def git_changes(root: Path = ROOT) -> list[str]:
+    """The paths under src/ and experiments/ whose working copy differs from HEAD (`git status --porcelain`)."""
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "src", "experiments"],
+                            cwd=root, capture_output=True, text=True, check=True).stdout
+    return sorted(line[3:] for line in status.splitlines())
+
+
+def git_commit(root: Path = ROOT) -> str:
+    """The repository's HEAD commit (with '-dirty' when git_changes is not empty), or 'unknown'."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "experiments"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
+        return sha + ("-dirty" if git_changes(root) else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
 def environment(accelerator: str) -> dict:
     device = torch.cuda.get_device_name(0) if accelerator == "gpu" and torch.cuda.is_available() else platform.processor() or platform.machine()
+    commit = git_commit()
     return {
-        "git_commit": git_commit(),
+        "git_commit": commit,
+        "git_changes": git_changes() if commit.endswith("-dirty") else [],
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
