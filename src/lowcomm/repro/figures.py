@@ -9,6 +9,7 @@ and for `communication` also results/communication/analytic.csv. Bands are the m
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from typing import Callable
@@ -22,6 +23,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from lowcomm.optim.dion import Dion  # noqa: E402
 from lowcomm.repro.definitions import definitions  # noqa: E402
 from lowcomm.repro.tables import basis_change_rows, stored_runs  # noqa: E402
 
@@ -154,9 +156,30 @@ def draw_nu(fig, preset_dir: Path) -> None:
     ax2.legend(fontsize=7)
 
 
+def published_form_points(preset_dir: Path) -> pd.DataFrame:
+    """Each run at the beta of the published form(s) it belongs to (D15, M <- ef_beta B - (ef_beta - mu) P W^T):
+    the summary form R = beta (M - P P^T M) at beta = ef_beta where mu = 0, the code form R = M - beta P P^T M at
+    beta = 1 - mu where ef_beta = 1. mu = 0, ef_beta = 1 lies on both; Dion's default mu is the code form's 1 - mu."""
+    defaults = inspect.signature(Dion).parameters
+    points = []
+    for r in stored_runs(preset_dir):
+        optim = r.config.optim
+        mu = optim.get("captured_share", defaults["captured_share"].default)
+        ef_beta = optim.get("ef_beta", defaults["ef_beta"].default)
+        for form, beta, member in (("summary", ef_beta, mu == 0), ("code", round(1 - mu, 6), ef_beta == 1)):
+            if member:
+                points.append({"line": f"{optim.name} {form} form", "beta": beta, "seed": r.seed,
+                               "final_val_loss": r.record["final_val_loss"]})
+    return pd.DataFrame(points)
+
+
 def draw_beta(fig, preset_dir: Path) -> None:
+    """Final validation loss against beta: per method (ef_beta at a fixed mu), or in a preset of the published forms
+    (rows named *_code) per form, each run placed by published_form_points."""
     ax = fig.subplots()
     runs = records(preset_dir)
+    if runs["method"].str.endswith("_code").any():
+        runs = published_form_points(preset_dir).rename(columns={"line": "method", "beta": "sweep_value"})
     sns.lineplot(runs, x="sweep_value", y="final_val_loss", hue="method", errorbar=BAND, marker="o", ax=ax)
     ax.set(xlabel="error-feedback coefficient beta", ylabel="final validation loss (nats)")
 
