@@ -144,8 +144,7 @@ def test_spectral_verdicts_answer_the_questions_and_the_probe_needs_three_seeds(
     assert [c.verdict for c in claims] == [REPRODUCED, "lordo lower", EQUIVALENT, report.NO_VERDICT]
     assert "muloco 32x, diloco 32x" in claims[0].ours and "muloco 0.6, diloco 0.4" in claims[3].ours
     settings = [c.setting for c in report.claims_of("spectral_local_steps", Stored(tmp_path, "spectral_local_steps"))]
-    assert settings == ["cpu preset, 384 steps, lrs named in its config"] * 3 + ["probe preset, 384 steps, "
-                                                                                 "lrs named in its config"]
+    assert settings == ["cpu preset, 384 steps, tuned lrs"] * 3 + ["probe preset, 384 steps, tuned lrs"]
     table = pd.read_csv(base / "probe" / "table.csv").assign(seeds=3)
     table.to_csv(base / "probe" / "table.csv", index=False)
     assert report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))[3].verdict == REPRODUCED
