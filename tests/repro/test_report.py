@@ -15,7 +15,7 @@ from lowcomm.repro.report import (
     REPRODUCED,
     Stored,
 )
-from lowcomm.repro.stats import EQUIVALENT, INCONCLUSIVE
+from lowcomm.repro.stats import EQUIVALENT, INCONCLUSIVE, TOO_FEW
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,26 +128,35 @@ def test_a_readme_without_markers_is_an_error(tmp_path):
         f"a\n{report.README_MARKERS[0]}\nnew\n{report.README_MARKERS[1]}\nb\n"
 
 
-def test_spectral_verdicts_answer_the_questions_and_the_probe_needs_three_seeds(tmp_path):
+def test_spectral_verdicts_answer_the_questions_and_the_probe_claim_is_paired(tmp_path):
     base = tmp_path / "spectral_local_steps"
     labels = ["ddp", "diloco", "lordo", "muloco", "orth_dion_local", "lordo_orth_dion"]
-    for preset, seeds in (("cpu", 2), ("probe", 1)):
-        (base / preset).mkdir(parents=True)
-        pd.DataFrame([{"label": k, "final_val_loss": 4.0, "final_val_loss_std": 0.01, "seeds": seeds, "steps": 384,
-                       "bytes_ratio_to_ddp": 1 / 32, "probe_cosine_mean_over_syncs": {"muloco": 0.6}.get(k, 0.4)}
-                      for k in labels]).to_csv(base / preset / "table.csv", index=False)
+    (base / "cpu").mkdir(parents=True)
+    pd.DataFrame([{"label": k, "final_val_loss": 4.0, "final_val_loss_std": 0.01, "seeds": 3, "steps": 384,
+                   "bytes_ratio_to_ddp": 1 / 32} for k in labels]).to_csv(base / "cpu" / "table.csv", index=False)
     verdicts = {("muloco", "diloco"): "lower", ("orth_dion_local", "lordo"): "higher",
                 ("lordo_orth_dion", "orth_dion_local"): "equivalent"}
     pd.DataFrame([comparison(a, b, v) for (a, b), v in verdicts.items()]).to_csv(
         base / "cpu" / "comparisons.csv", index=False)
     claims = report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))
-    assert [c.verdict for c in claims] == [REPRODUCED, "lordo lower", EQUIVALENT, report.NO_VERDICT]
-    assert "muloco 32x, diloco 32x" in claims[0].ours and "muloco 0.6, diloco 0.4" in claims[3].ours
+    assert [c.verdict for c in claims] == [REPRODUCED, "lordo lower", EQUIVALENT, PENDING]
+    assert "muloco 32x, diloco 32x" in claims[0].ours and "PRESET=probe_paired" in claims[3].ours
+    probe = base / "probe_paired"
+    probe.mkdir()
+    pd.DataFrame([{"label": k, "final_val_loss": 4.0, "seeds": 3, "steps": 384,
+                   "probe_cosine_mean_over_syncs": v} for k, v in (("diloco", 0.4), ("muloco", 0.6))]).to_csv(
+        probe / "table.csv", index=False)
+    cosine = "probe_cosine_mean_over_syncs"
+    for verdict, n, expected in (("higher", 3, REPRODUCED), ("lower", 3, NOT_REPRODUCED),
+                                 (TOO_FEW, 1, report.NO_VERDICT)):
+        row = comparison("muloco", "diloco", verdict, cosine, diff=0.2, n=n) | {"a_mean": 0.6, "b_mean": 0.4}
+        pd.DataFrame([row]).to_csv(probe / "comparisons.csv", index=False)
+        claim = report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))[3]
+        assert claim.verdict == expected, verdict
+    assert claim.ours == ("mean cosine over the syncs: muloco 0.6, diloco 0.4; muloco - diloco = 0.2 [0.15, 0.25] "
+                          "(n = 1 paired seed)")
     settings = [c.setting for c in report.claims_of("spectral_local_steps", Stored(tmp_path, "spectral_local_steps"))]
-    assert settings == ["cpu preset, 384 steps, tuned lrs"] * 3 + ["probe preset, 384 steps, tuned lrs"]
-    table = pd.read_csv(base / "probe" / "table.csv").assign(seeds=3)
-    table.to_csv(base / "probe" / "table.csv", index=False)
-    assert report.spectral_claims(Stored(tmp_path, "spectral_local_steps"))[3].verdict == REPRODUCED
+    assert settings == ["cpu preset, 384 steps, tuned lrs"] * 3 + ["probe_paired preset, 384 steps, tuned lrs"]
 
 
 def write_convergence(root: Path, orth_reached: int, verdicts: dict[tuple[str, str, str], str]) -> None:

@@ -114,7 +114,7 @@ def loss(row: pd.Series) -> str:
 
 
 def diff_text(c: pd.Series | None, unit: str = "nats") -> str:
-    """'a - b = d [low, high] nats (n = 3 paired seeds)' of a comparison row (the 95 % t-interval)."""
+    """'a - b = d [low, high] nats (n = 3 paired seeds)' of a comparison row (the 95 % t-interval; no unit for '')."""
     if c is None:
         return "not stored"
     unpaired = c.get("unpaired_seeds")
@@ -123,7 +123,8 @@ def diff_text(c: pd.Series | None, unit: str = "nats") -> str:
         else "")
     interval = f" [{num(c['ci_low'], 3)}, {num(c['ci_high'], 3)}]" if math.isfinite(c["ci_low"]) else ""
     seeds = "paired seed" if c["n"] == 1 else "paired seeds"
-    return f"{c['a']} - {c['b']} = {num(c['diff'])}{interval} {unit} (n = {int(c['n'])} {seeds}{unpaired})"
+    unit = f" {unit}" if unit else ""
+    return f"{c['a']} - {c['b']} = {num(c['diff'])}{interval}{unit} (n = {int(c['n'])} {seeds}{unpaired})"
 
 
 def verdict_of(c: pd.Series | None, wanted: str = LOWER) -> str:
@@ -391,15 +392,12 @@ def spectral_claims(s: Stored) -> list[Claim]:
     claims = [Claim(texts[0], verdict_of(c[0]), f"{diff_text(c[0])}; fewer bytes than ddp: {bytes_of(*pairs[0])}")]
     claims += [Claim(text, outcome(ci), f"{diff_text(ci)}; fewer bytes than ddp: {bytes_of(*pair)}")
                for text, ci, pair in zip(texts[1:3], c[1:], pairs[1:])]
-    probe = Stored(s.results, s.name, "probe")
-    rows = [probe.row(label) for label in ("muloco", "diloco")]
-    if any(r is None for r in rows):
-        return claims + pending(texts[3:], f"{target(s.name)} PRESET=probe OUT=results")
-    cosines = [r["probe_cosine_mean_over_syncs"] for r in rows]
-    seeds = min(int(r["seeds"]) for r in rows)
-    verdict = NO_VERDICT if seeds < MIN_SEEDS else REPRODUCED if cosines[0] > cosines[1] else NOT_REPRODUCED
-    ours = ", ".join(f"{label} {num(v, 3)}" for label, v in zip(("muloco", "diloco"), cosines))
-    return claims + [Claim(texts[3], verdict, f"mean cosine over the syncs: {ours}", probe.setting)]
+    probe = Stored(s.results, s.name, "probe_paired")
+    c = probe.comparison("muloco", "diloco", "probe_cosine_mean_over_syncs")
+    if c is None:
+        return claims + pending(texts[3:], f"{target(s.name)} PRESET=probe_paired OUT=results")
+    ours = f"mean cosine over the syncs: muloco {num(c['a_mean'], 3)}, diloco {num(c['b_mean'], 3)}; {diff_text(c, '')}"
+    return claims + [Claim(texts[3], verdict_of(c, HIGHER), ours, probe.setting)]
 
 
 def no_worse(c: pd.Series | None) -> str:
