@@ -212,3 +212,24 @@ def test_compressed_claims_read_the_paired_comparisons_bytes_and_the_goal(tmp_pa
     pd.DataFrame([comparison(a, b, v) for (a, b), v in verdicts.items()]).to_csv(out / "comparisons.csv", index=False)
     claims = report.compressed_claims(Stored(tmp_path, "compressed_sync"))
     assert claims[0].verdict == NOT_REPRODUCED and claims[3].verdict == "not reached"
+
+
+def test_nu_claims_rise_by_the_paired_rule_and_show_each_interval(tmp_path):
+    out = tmp_path / "nu_measurement" / "cpu"
+    out.mkdir(parents=True)
+    rows = [{"label": f"{m}_rf{f}", "method": m, "rank": r, "sqrt_rank": r ** 0.5, "seeds": 3,
+             "nu_mean_over_training": value, "nu_mean_over_training_std": 0.003,
+             "nu_max_over_training": value + 0.5 * (m == "dion")}
+            for m, base in (("dion", 1.3), ("orth_dion", 1.0)) for f, r, value in
+            ((0.125, 16, base), (0.25, 32, base + 0.1 * (m == "dion")))]
+    pd.DataFrame(rows).to_csv(out / "table.csv", index=False)
+    nu = "nu_mean_over_training"
+    pd.DataFrame([comparison("dion_rf0.25", "dion_rf0.125", "higher", nu, n=3)]).to_csv(
+        out / "comparisons.csv", index=False)
+    rising, one = report.nu_claims(Stored(tmp_path, "nu_measurement"))
+    assert rising.verdict == REPRODUCED and one.verdict == REPRODUCED
+    assert rising.ours.endswith("dion_rf0.25 - dion_rf0.125 = 0.1 [0.05, 0.15] (n = 3 paired seeds)")
+    assert one.ours == "largest distance of nu_t from 1 over training, ranks 16, 32, 3 seeds: 0"
+    pd.DataFrame([comparison("dion_rf0.25", "dion_rf0.125", INCONCLUSIVE, nu, n=3)]).to_csv(
+        out / "comparisons.csv", index=False)
+    assert report.nu_claims(Stored(tmp_path, "nu_measurement"))[0].verdict == INCONCLUSIVE

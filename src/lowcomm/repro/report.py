@@ -273,16 +273,16 @@ def nu_claims(s: Stored) -> list[Claim]:
         return pending(texts, f"{target(s.name)} OUT=results")
     t = s.table.sort_values("rank")
     dion, orth = t[t["method"] == "dion"], t[t["method"] == "orth_dion"]
-    rising = combine([verdict_of(s.comparison(b, a, "nu_mean_over_training"), HIGHER)
-                      for a, b in zip(dion["label"], dion["label"].iloc[1:])])
+    steps = [s.comparison(b, a, "nu_mean_over_training") for a, b in zip(dion["label"], dion["label"].iloc[1:])]
     worst = (orth["nu_max_over_training"] - 1).abs().max()
     return [
-        Claim(texts[0], rising, "; ".join(
+        Claim(texts[0], combine([verdict_of(c, HIGHER) for c in steps]), "; ".join(
             f"r = {int(r['rank'])}: {num(r['nu_mean_over_training'])} +- {num(r['nu_mean_over_training_std'], 2)} "
-            f"(sqrt(r) = {num(r['sqrt_rank'], 3)})" for _, r in dion.iterrows()) + " (mean over training)"),
+            f"(sqrt(r) = {num(r['sqrt_rank'], 3)})" for _, r in dion.iterrows()) + " (mean over training); " +
+            "; ".join(diff_text(c, "") for c in steps)),
         Claim(texts[1], PENDING if orth.empty else REPRODUCED if worst < NU_ONE else NOT_REPRODUCED,
-              f"largest distance of nu_t from 1 over training, ranks {', '.join(str(int(r)) for r in orth['rank'])}: "
-              f"{num(worst, 3)}"),
+              f"largest distance of nu_t from 1 over training, ranks {', '.join(str(int(r)) for r in orth['rank'])}, "
+              f"{int(orth['seeds'].min()) if not orth.empty else 0} seeds: {num(worst, 3)}"),
     ]
 
 
