@@ -39,6 +39,7 @@ class ModelSection:
 @dataclass
 class TrainSection:
     steps: int = 600
+    schedule_steps: int | None = None  # the cosine's length (default train.steps): > steps runs the start of a longer run
     warmup: int = 50
     min_lr_ratio: float = 0.1  # cosine decays the lr to this fraction of its peak
     clip: float = 1.0  # global L2-norm gradient clipping (0 disables)
@@ -49,6 +50,8 @@ class TrainSection:
     accelerator: str = "cpu"
     precision: str = "32-true"
     seed: int = 0
+    init_noise: float = 0.0  # each initial weight w -> w (1 + init_noise z), z ~ N(0, 1) from init_noise_seed
+    init_noise_seed: int = 0
     threads: int = 1  # torch threads per worker process on CPU
     progress_bar: bool = True  # false: a progress line every log_every steps instead
     collective_timeout_s: float = 300.0  # a collective waiting longer than this for a peer ends the run

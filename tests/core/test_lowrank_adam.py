@@ -162,6 +162,33 @@ def test_update_rms_matches_the_applied_step(omega):
     assert rms[inactive] == 0.0
 
 
+def test_update_rms_per_matrix_matches_each_applied_term():
+    """Per matrix, 'full/<name>' and 'low/<name>' are the RMS of the applied (1 - omega) full and omega low terms,
+    each computed here from the step's closed form; the overall RMS weights them by size."""
+    shapes = {"a": (6, 9), "b": (8, 4)}
+    Ws = {n: torch.randn(shape, generator=gen(31 + i)).requires_grad_() for i, (n, shape) in enumerate(shapes.items())}
+    omega, lr, eps = 0.7, 0.01, 1e-8
+    opt = LowRankAdam([dict(params=list(Ws.values()), names=list(Ws), algorithm="lowrank", rank=2)], lr=lr,
+                      omega=omega, weight_decay=0.0, eps=eps)
+    for i, (n, W) in enumerate(Ws.items()):
+        opt.set_basis(W, orthonormal(min(W.shape), 2, seed=33 + i))
+    grads = [torch.randn(W.shape, generator=gen(35 + i)) * (1 + 9 * i) for i, W in enumerate(Ws.values())]
+    step_with(opt, list(Ws.values()), grads)
+    rms = opt.last_update_rms()
+    for (n, W), G in zip(Ws.items(), grads):
+        side, Q = projection_side(W.shape), opt.state[W]["basis"]
+        g = project(G, Q, side)  # step 1: E = 0, uh = g, vh = g^2
+        low = omega * lift(g / (g.abs() + eps), Q, side)
+        vh_mean = g.square().mean(dim=0 if side == "left" else 1, keepdim=True)
+        full = (1 - omega) * G / (vh_mean.sqrt() + eps)
+        assert rms[f"low/{n}"] == pytest.approx(low.square().mean().sqrt().item(), rel=1e-4)
+        assert rms[f"full/{n}"] == pytest.approx(full.square().mean().sqrt().item(), rel=1e-4)
+    sizes = {n: W.numel() for n, W in Ws.items()}
+    for term in ("full", "low"):
+        weighted = sum(rms[f"{term}/{n}"] ** 2 * k for n, k in sizes.items()) / sum(sizes.values())
+        assert rms[term] == pytest.approx(weighted ** 0.5, rel=1e-5)
+
+
 # ------------------------------------------------------------------------ error feedback and the hook
 @pytest.mark.parametrize("shape", [(6, 9), (9, 6)])
 def test_error_feedback_identity_in_the_optimizer(shape):

@@ -97,7 +97,8 @@ class LowRankAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self._adamw = AdamWPart(self)
         self.projected_gradient_hook: ProjectedGradientHook | None = None
-        self._last_terms: tuple[list[torch.Tensor], list[torch.Tensor], int] | None = None
+        # per low-rank matrix of the last step: (name, numel, ||(1 - omega) full||^2 or None at omega = 1, ||omega low||^2)
+        self._last_terms: list[tuple[str, int, torch.Tensor | None, torch.Tensor]] | None = None
 
     # ----------------------------------------------------------------------------------- validation
     def add_param_group(self, param_group: dict) -> None:
@@ -254,14 +255,14 @@ class LowRankAdam(torch.optim.Optimizer):
         every_g = [g for gs in projected for g in gs]
         if self.projected_gradient_hook is not None:
             self.projected_gradient_hook(every_g)
-        full_sq, low_sq = [], []
+        terms = []
         for (group, params), gs in zip(lowrank, projected):
             if params:
-                group_full_sq, group_low_sq = self._lowrank_update(group, params, gs)
-                full_sq += group_full_sq
-                low_sq += group_low_sq
-        numel = sum(p.numel() for _, params in lowrank for p in params)
-        self._last_terms = (full_sq, low_sq, numel) if numel else None
+                full_sq, low_sq = self._lowrank_update(group, params, gs)
+                names = [self._name_in(group, p) for p in params]
+                terms += [(name, p.numel(), full, low) for name, p, full, low
+                          in zip(names, params, full_sq or [None] * len(params), low_sq)]
+        self._last_terms = terms or None
         self._adamw.step()
         return loss
 
@@ -362,13 +363,19 @@ class LowRankAdam(torch.optim.Optimizer):
         return totals
 
     def last_update_rms(self) -> dict[str, float]:
-        """RMS over all low-rank matrices of the applied terms of the last step: 'full' = (1 - omega) full,
-        'low' = omega low (NaN before the first step)."""
+        """RMS of the applied terms of the last step, 'full' = (1 - omega) full and 'low' = omega low: over all
+        low-rank matrices, and per matrix as 'full/<name>', 'low/<name>' (NaN before the first step; 0 for 'full'
+        at omega = 1)."""
         if self._last_terms is None:
             return {"full": math.nan, "low": math.nan}
-        full_sq, low_sq, numel = self._last_terms
-        return {name: math.sqrt(torch.stack(terms).sum().item() / numel) if terms else 0.0
-                for name, terms in (("full", full_sq), ("low", low_sq))}
+        names, numels, full_sq, low_sq = zip(*self._last_terms)
+        zero = torch.zeros(())
+        squares = {"full": torch.stack([zero if f is None else f for f in full_sq]), "low": torch.stack(low_sq)}
+        numel = torch.tensor(numels, dtype=squares["low"].dtype)
+        out = {term: math.sqrt(sq.sum().item() / numel.sum().item()) for term, sq in squares.items()}
+        for term, sq in squares.items():
+            out.update({f"{term}/{name}": rms for name, rms in zip(names, (sq / numel).sqrt().tolist())})
+        return out
 
 
 # ---------------------------------------------------------------------------------- registry entries

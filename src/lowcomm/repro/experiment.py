@@ -16,7 +16,9 @@ An experiment config:
                          tuned: [lr, adamw_lr],               # optional: lrs from experiments/tuned_lr.yaml
                          table: {kind: ..., ...}}}            # optional: this preset's table instead
     runs: [{label: <row name>, overrides: [key=value, ...], seeds: <at most this many of the seeds>,
-            sweep: [...], sweep_overrides: {<value>: [...]}}, ...]   # optional: this run's values, its overrides
+            sweep: [...], sweep_overrides: {<value>: [...]},   # optional: this run's values, its overrides
+            data_seed: <int>}, ...]                           # optional: the data order of this seed, whatever the
+                                                              # run's seed (which then sets the initialization only)
     sweep: {key: <config key>, values: [...], tag: <label suffix>}   # optional: every run at every value (without
                                                                      # values: only presets that list some sweep)
     keep_diverged: true                                              # optional: a diverged run is a result
@@ -25,7 +27,7 @@ An experiment config:
     report: {order: ..., mirrors: ..., figure: ..., claims: ...}     # the index, figure and claims (repro.definitions)
 Every preset starts from the overrides of experiments/presets.yaml for its name. Overrides apply in the order
 presets.yaml, preset, tuned lrs, run, sweep value (with the preset's, then the run's sweep_overrides),
-run_overrides, command line, seed. With `tuned`, each run takes its method's tuned peak lr (`lr`) and, where its
+run_overrides, command line, seed (`train.seed` and `data.seed`; a run's `data_seed` replaces the latter). With `tuned`, each run takes its method's tuned peak lr (`lr`) and, where its
 optimizer has one, the non-matrix lr (`adamw_lr`) from the file `make tune` writes
 (lowcomm.repro.tuning.tuned_overrides); the values go into the run's overrides and its stored config.
 
@@ -179,7 +181,7 @@ def experiment_grid(spec: DictConfig, preset: str, seeds: list[int] | None = Non
             for seed in seeds[: run.get("seeds", len(seeds))]:
                 overrides = (*shared_overrides(preset), *p.get("overrides", []), *tuned, *run.overrides, *swept,
                              *p.get("run_overrides", {}).get(run.label, []), *extra,
-                             f"train.seed={seed}", f"data.seed={seed}")
+                             f"train.seed={seed}", f"data.seed={run.get('data_seed', seed)}")
                 runs.append(GridRun(label, run.label, value, seed, overrides))
     names = [run.name for run in runs]
     twice = sorted({name for name in names if names.count(name) > 1})

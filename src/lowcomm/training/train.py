@@ -91,6 +91,11 @@ def validate(cfg: DictConfig) -> Sections:
     if not 0 <= t.warmup <= t.steps:
         raise ConfigError(f"train.warmup={t.warmup} must lie in [0, train.steps={t.steps}] (the lr reaches its peak "
                           f"after warmup, then decays): lower train.warmup or raise train.steps")
+    if t.schedule_steps is not None and t.schedule_steps < t.steps:
+        raise ConfigError(f"train.schedule_steps={t.schedule_steps} is shorter than train.steps={t.steps}: the lr "
+                          "schedule must cover the run; raise it, or leave it unset for train.steps")
+    if t.init_noise < 0:
+        raise ConfigError(f"train.init_noise={t.init_noise} must be >= 0 (a relative scale; 1e-7 is fp32 noise)")
     if not t.collective_timeout_s > 0:
         raise ConfigError(f"train.collective_timeout_s={t.collective_timeout_s} must be > 0 (seconds)")
     every = cfg.run.checkpoint_every

@@ -42,6 +42,17 @@ def duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+@torch.no_grad()
+def perturb_weights(model: torch.nn.Module, relative: float, seed: int) -> None:
+    """w <- w (1 + relative z) for every parameter, z ~ N(0, 1) from a generator seeded by `seed`, the same on every
+    rank (a rerun perturbed at floating-point noise level, relative ~ 1e-7, the fp32 unit roundoff); 0 changes nothing."""
+    if relative == 0:
+        return
+    generator = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.mul_(1 + relative * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+
+
 class LanguageModelTask(L.LightningModule):
     """Next-token training of `Transformer`; validation loss / perplexity every `train.val_every` steps
     (and before the first step), averaged over every worker's disjoint validation shard. `offline_tokens`: the
@@ -57,6 +68,7 @@ class LanguageModelTask(L.LightningModule):
         self.offline_tokens = offline_tokens
         self.run: RunDirectory | None = None  # rank 0 only, created in setup()
         self.model = Transformer(model_config_from(cfg.model))
+        perturb_weights(self.model, cfg.train.init_noise, cfg.train.init_noise_seed)
         self.val_history: list[tuple[int, float]] = []
         self._last_time: float | None = None
         self._last_step = 0
@@ -100,7 +112,8 @@ class LanguageModelTask(L.LightningModule):
     def configure_optimizers(self):
         optimizer = build_from_options(self.sections.optim_name, self.sections.optim, self.model)
         t = self.cfg.train
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup, t.steps, t.min_lr_ratio))
+        horizon = t.schedule_steps or t.steps
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup, horizon, t.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def training_step(self, batch, batch_idx):
