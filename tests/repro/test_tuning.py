@@ -23,6 +23,7 @@ from lowcomm.repro.experiment import (
     run_method,
     stale_reason,
 )
+from lowcomm.repro.stats import paired_difference
 from lowcomm.repro.tuning import choose, tuned_file, tuned_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,26 +72,43 @@ def test_tuned_overrides_name_the_missing_entry_and_skip_adamw_lr_where_there_is
     assert run_method(("optim.lr=1", "method=ddp", "method=lordo")) == "lordo"
 
 
-def points(lrs: list[float], losses: list[float]) -> pd.DataFrame:
-    return pd.DataFrame({"lr": lrs, "final_val_loss": losses, "steps": 256, "run": [f"r{v}" for v in lrs],
-                         "commit": "c"})
+def points(lrs: list[float], losses: list[list[float]]) -> pd.DataFrame:
+    """A grid: losses[i] holds lr i's final loss on seeds 100, 101, ..."""
+    return pd.DataFrame([{"lr": lr, "seed": 100 + s, "final_val_loss": loss, "run": f"r{lr}-s{100 + s}", "commit": "c"}
+                         for lr, seeds in zip(lrs, losses) for s, loss in enumerate(seeds)])
 
 
-def test_the_lowest_loss_wins_and_an_edge_names_the_point_to_add():
-    inside = choose(points([1e-3, 2e-3, 4e-3], [4.5, 4.2, math.inf]))  # the diverged point counts as +inf
-    assert (inside["lr"], inside["edge"]) == (2e-3, "")
-    high = choose(points([1e-3, 2e-3, 4e-3], [4.5, 4.3, 4.1]))
-    assert (high["lr"], high["edge"], high["add"]) == (4e-3, "high", 8e-3)
-    low = choose(points([4e-3, 1e-3, 2e-3], [4.6, 4.1, 4.3]))  # any order in, the grid's order out
-    assert (low["lr"], low["edge"], low["add"], low["grid"]) == (1e-3, "low", 5e-4, "0.001 0.002 0.004")
+def test_the_best_mean_wins_with_each_points_spread_and_paired_interval_to_it():
+    grid = choose(points([1e-3, 2e-3, 4e-3], [[4.5, 4.6, 4.4], [4.2, 4.3, 4.1], [4.1, 4.4, math.inf]]))
+    assert list(grid["lr"]) == [1e-3, 2e-3, 4e-3] and list(grid["chosen"]) == [False, True, False]
+    assert grid["mean"].tolist()[:2] == pytest.approx([4.5, 4.2]) and grid["mean"].iloc[2] == math.inf
+    assert grid["std"].iloc[0] == pytest.approx(0.1)
+    d = paired_difference({100: 4.5, 101: 4.6, 102: 4.4}, {100: 4.2, 101: 4.3, 102: 4.1})
+    assert (grid["diff_to_winner"].iloc[0], grid["ci_low"].iloc[0]) == (pytest.approx(d.diff), pytest.approx(d.low))
+    assert (grid["edge"].iloc[0], grid["tie"].iloc[0]) == ("", "")  # 1e-3 is higher on every seed: no tie
 
 
-def test_the_tuned_file_takes_each_methods_latest_stage_and_leaves_out_edges():
-    chosen = pd.DataFrame([{"method": "ddp", "stage": "cpu", "lr": 3e-3, "edge": ""},
-                           {"method": "lordo", "stage": "cpu", "lr": 6e-3, "edge": ""},
-                           {"method": "lordo", "stage": "claim", "lr": 3e-3, "edge": ""},
-                           {"method": "muon", "stage": "cpu_spectral", "lr": 8e-2, "edge": "high"}])
-    assert tuned_file(chosen) == {"lr": {"ddp": 3e-3, "lordo": 3e-3}, "adamw_lr": 3e-3}
+def test_a_neighbour_whose_interval_contains_zero_makes_the_choice_a_tie_and_an_edge_names_the_point_to_add():
+    tie = choose(points([1e-3, 2e-3, 4e-3], [[4.5, 4.6, 4.4], [4.2, 4.3, 4.1], [4.25, 4.2, 4.3]]))
+    assert tie.loc[tie["chosen"], "lr"].item() == 2e-3 and set(tie["tie"]) == {"0.004"}
+    high = choose(points([1e-3, 2e-3, 4e-3], [[4.5], [4.3], [4.1]]))  # one seed (protocol v1): no interval
+    assert (high.loc[high["chosen"], "lr"].item(), high["edge"].iloc[0], high["add"].iloc[0]) == (4e-3, "high", 8e-3)
+    low = choose(points([4e-3, 1e-3, 2e-3], [[4.6], [4.1], [4.3]]))  # any order in, the grid's order out
+    assert (list(low["lr"]), low["edge"].iloc[0], low["add"].iloc[0]) == ([1e-3, 2e-3, 4e-3], "low", 5e-4)
+
+
+def test_the_tuned_file_takes_each_methods_latest_stage_with_its_horizon_and_leaves_out_edges():
+    chosen = pd.DataFrame([{"method": "ddp", "stage": "cpu", "horizon": 256, "lr": 3e-3, "chosen": True, "edge": ""},
+                           {"method": "ddp", "stage": "cpu", "horizon": 256, "lr": 6e-3, "chosen": False, "edge": ""},
+                           {"method": "lordo", "stage": "cpu", "horizon": 256, "lr": 6e-3, "chosen": True, "edge": ""},
+                           {"method": "lordo", "stage": "claim", "horizon": 1024, "lr": 1.2e-2, "chosen": True,
+                            "edge": ""},
+                           {"method": "lordo", "stage": "claim_v2", "horizon": 1024, "lr": 6e-3, "chosen": True,
+                            "edge": ""},
+                           {"method": "muon", "stage": "cpu_spectral", "horizon": 256, "lr": 8e-2, "chosen": True,
+                            "edge": "high"}])
+    assert tuned_file(chosen) == {"lr": {"ddp": 3e-3, "lordo": 6e-3}, "horizon": {"ddp": 256, "lordo": 1024},
+                                  "adamw_lr": 3e-3}
 
 
 def test_lr_sweep_smoke_keeps_a_diverged_run_as_a_result(tmp_path):

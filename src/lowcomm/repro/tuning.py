@@ -1,13 +1,15 @@
 """`python -m lowcomm.repro.tuning`: the learning-rate protocol's choice, from the lr_sweep results, into one file.
 
-Protocol (experiments/lr_sweep/README.md): per method, a grid of peak lr spaced by a factor of 2, seed 0; the
-lowest final validation loss wins (a diverged run counts as +inf). A winner on an edge of its grid is not chosen:
-the command names the point to add, and the sweep resumes with it. Methods the `claim` preset confirms at the
-claim horizon (the short-horizon winner and its two neighbours) take the winner there. The Muon and Dion rows
-train their non-matrix parameters (embeddings, norms) at `adamw_lr`, ddp's tuned lr.
+Protocol v2 (experiments/lr_sweep/README.md): per method and horizon (the run's lr schedule length,
+train.schedule_steps or train.steps), a grid of peak lr spaced by a factor of 2 over the tuning seeds; the best mean
+final validation loss wins (a diverged run counts as +inf). Each grid point carries its mean, its spread over seeds
+and its paired interval to the winner (lowcomm.repro.stats); the choice is a tie where a neighbouring point's interval
+contains 0. A winner on an edge of its grid is not chosen: the command names the point to add, and the sweep
+resumes with it. A later stage replaces an earlier one's choice. The Muon and Dion rows train their non-matrix
+parameters (embeddings, norms) at `adamw_lr`, ddp's tuned lr.
 
-Writes experiments/tuned_lr.yaml (read by the experiment runner through `tuned: [lr, adamw_lr]`) and
-results/lr_sweep/chosen.csv (per method: the grid, each point's loss, the choice, whether it lay on an edge).
+Writes experiments/tuned_lr.yaml (read by the experiment runner through `tuned: [lr, adamw_lr]`; each lr with the
+horizon it was chosen at) and results/lr_sweep/chosen.csv (one row per method, stage and grid point).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import yaml
 from lowcomm.config import ConfigError, method_preset
 from lowcomm.optim import OPTIMIZERS
 from lowcomm.paths import TUNED_FILE
+from lowcomm.repro.stats import paired_difference, sample_std
 from lowcomm.repro.tables import stored_runs
 
 SWEEP = "lr_sweep"
 # stages of the sweep, in order: a later stage's choice replaces an earlier one's for the methods it holds
-STAGES = ("cpu", "cpu_spectral", "claim")
+STAGES = ("cpu", "cpu_spectral", "claim", "claim_v2")
 TUNED_KEYS = ("lr", "adamw_lr")
 NONMATRIX_LR_FROM = "ddp"  # adamw_lr of the Muon and Dion rows: this method's tuned lr
 
@@ -69,61 +72,95 @@ def tuned_overrides(method: str | None, keys: list[str], path: Path | None = Non
     return out
 
 
+def horizon_of(cfg) -> int:
+    """The length of a run's lr schedule in steps: train.schedule_steps, else train.steps."""
+    return int(cfg.train.get("schedule_steps") or cfg.train.steps)
+
+
 def stage_points(stage_dir: Path) -> pd.DataFrame:
-    """One row per run of a stage: method, lr, final validation loss (+inf when it diverged), status, run, commit,
-    steps."""
+    """One row per run of a stage: method, lr, seed, horizon, final validation loss (+inf when it diverged), status,
+    run, commit."""
     rows = []
     for run in stored_runs(stage_dir):
         record = run.record
         status = record.get("status", "complete")
         loss = record.get("final_val_loss")
-        rows.append({"method": run.method, "lr": float(run.sweep_value), "status": status,
+        rows.append({"method": run.method, "lr": float(run.sweep_value), "seed": run.seed,
+                     "horizon": horizon_of(run.config), "status": status,
                      "final_val_loss": math.inf if status == "diverged" or loss is None else float(loss),
-                     "steps": record.get("steps"), "run": run.name, "commit": record.get("git_commit", "unknown")})
+                     "run": run.name, "commit": record.get("git_commit", "unknown")})
     return pd.DataFrame(rows)
 
 
-def choose(points: pd.DataFrame) -> dict:
-    """The protocol's choice for one method's grid: the lr of the lowest loss, whether it lies on an edge of the
-    grid, and the point to add when it does."""
-    points = points.sort_values("lr")
-    best = points.loc[points["final_val_loss"].idxmin()]
-    lrs = list(points["lr"])
-    edge = "low" if best["lr"] == lrs[0] else "high" if best["lr"] == lrs[-1] else ""
-    add = best["lr"] / 2 if edge == "low" else best["lr"] * 2 if edge == "high" else math.nan
-    return {"lr": float(best["lr"]), "final_val_loss": float(best["final_val_loss"]), "edge": edge,
-            "add": add, "grid": " ".join(f"{v:g}" for v in lrs),
-            "losses": " ".join(f"{v:.4f}" for v in points["final_val_loss"]),
-            "steps": int(best["steps"]), "runs": " ".join(points["run"]),
-            "commits": " ".join(sorted(set(points["commit"])))}
+def mean_loss(losses: pd.Series) -> float:
+    """The mean final loss over seeds; +inf when any seed diverged."""
+    return math.inf if not losses.map(math.isfinite).all() else float(losses.mean())
+
+
+def choose(points: pd.DataFrame) -> pd.DataFrame:
+    """The protocol's choice for one method's grid at one horizon, one row per grid point (in lr order): seeds, mean
+    and spread of the final loss, the paired difference to the winner with its interval and verdict, and on every
+    row the choice: `chosen` marks the winner (best mean), `edge` whether it lies on an edge of the grid (`add`: the
+    point to add beyond it), `tie` the neighbouring lrs whose interval to the winner contains 0."""
+    by_lr = {lr: group.set_index("seed")["final_val_loss"] for lr, group in points.groupby("lr")}
+    lrs = sorted(by_lr)
+    means = {lr: mean_loss(losses) for lr, losses in by_lr.items()}
+    best = min(lrs, key=lambda lr: means[lr])
+    edge = "low" if best == lrs[0] and len(lrs) > 1 else "high" if best == lrs[-1] and len(lrs) > 1 else ""
+    rows = []
+    for lr in lrs:
+        d = paired_difference(by_lr[lr].to_dict(), by_lr[best].to_dict())
+        group = points[points["lr"] == lr]
+        rows.append({"lr": lr, "seeds": len(by_lr[lr]), "mean": means[lr], "std": sample_std(by_lr[lr]),
+                     "diff_to_winner": d.diff if lr != best else 0.0, "ci_low": d.low, "ci_high": d.high,
+                     "verdict_to_winner": d.verdict if lr != best else "", "chosen": lr == best,
+                     "runs": " ".join(group["run"]), "commits": " ".join(sorted(set(group["commit"])))})
+    table = pd.DataFrame(rows)
+    i = lrs.index(best)
+    neighbours = table.iloc[[j for j in (i - 1, i + 1) if 0 <= j < len(lrs)]]
+    tied = neighbours[(neighbours["ci_low"] <= 0) & (neighbours["ci_high"] >= 0)]
+    table["edge"] = edge
+    table["add"] = best / 2 if edge == "low" else best * 2 if edge == "high" else math.nan
+    table["tie"] = " ".join(f"{lr:g}" for lr in tied["lr"])
+    return table
 
 
 def choices(results: Path, stages: tuple[str, ...] = STAGES) -> pd.DataFrame:
-    """Per method: its choice at every stage found under results/lr_sweep/ (one row per method and stage)."""
-    rows = []
+    """Every grid point of every method at every stage and horizon found under results/lr_sweep/ (choose's rows,
+    with method, stage and horizon first)."""
+    frames = []
     for stage in stages:
         stage_dir = results / SWEEP / stage
         if not (stage_dir / "table.csv").exists():
             continue
-        for method, points in stage_points(stage_dir).groupby("method", sort=False):
-            rows.append({"method": method, "stage": stage, **choose(points)})
-    return pd.DataFrame(rows)
+        for (method, horizon), points in stage_points(stage_dir).groupby(["method", "horizon"], sort=False):
+            table = choose(points)
+            table.insert(0, "horizon", horizon)
+            table.insert(0, "stage", stage)
+            table.insert(0, "method", method)
+            frames.append(table)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def tuned_file(chosen: pd.DataFrame) -> dict:
-    """{lr: {method: lr}, adamw_lr: ddp's lr}: per method the choice of its latest stage, unless on an edge."""
-    latest = chosen.groupby("method", sort=False).tail(1)
-    lrs = {m: float(lr) for m, lr, edge in zip(latest["method"], latest["lr"], latest["edge"]) if not edge}
-    out: dict = {"lr": lrs}
-    if NONMATRIX_LR_FROM in lrs:
-        out["adamw_lr"] = lrs[NONMATRIX_LR_FROM]
+    """{lr: {method: lr}, horizon: {method: steps}, adamw_lr: ddp's lr}: per method the choice of its latest stage
+    (and the horizon it was chosen at), unless on an edge."""
+    latest = chosen[chosen["chosen"]].groupby("method", sort=False).tail(1)
+    final = latest[latest["edge"] == ""]
+    out: dict = {"lr": {m: float(lr) for m, lr in zip(final["method"], final["lr"])},
+                 "horizon": {m: int(h) for m, h in zip(final["method"], final["horizon"])}}
+    if NONMATRIX_LR_FROM in out["lr"]:
+        out["adamw_lr"] = out["lr"][NONMATRIX_LR_FROM]
     return out
 
 
 HEADER = """# Generated by `python -m lowcomm.repro.tuning` from results/lr_sweep/ (per method: results/lr_sweep/chosen.csv).
 # Do not edit: extend the sweep and run the command again. The protocol: experiments/lr_sweep/README.md.
-# lr: each method's peak lr; adamw_lr: the lr of the non-matrix parameters in the Muon and Dion rows (ddp's lr).
+# lr: each method's peak lr; horizon: the lr schedule's length (steps) it was chosen at; adamw_lr: the lr of the
+# non-matrix parameters in the Muon and Dion rows (ddp's lr).
 """
+SHOWN = ["method", "stage", "horizon", "lr", "seeds", "mean", "std", "diff_to_winner", "ci_low", "ci_high", "chosen",
+         "tie", "edge"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -136,11 +173,13 @@ def main(argv: list[str] | None = None) -> None:
     if chosen.empty:
         raise SystemExit(f"error: no lr_sweep table under {args.results}/{SWEEP}/: run `make lr_sweep` first")
     chosen.to_csv(args.results / SWEEP / "chosen.csv", index=False)
-    print(chosen[["method", "stage", "grid", "losses", "lr", "edge"]].to_markdown(index=False))
-    for _, row in chosen.groupby("method", sort=False).tail(1).iterrows():
+    print(chosen[SHOWN].to_markdown(index=False, floatfmt=".4g"))
+    winners = chosen[chosen["chosen"]].groupby("method", sort=False).tail(1)
+    for _, row in winners.iterrows():
         if row["edge"]:
-            print(f"{row['method']}: the best lr {row['lr']:g} lies on the {row['edge']} edge of its {row['stage']} "
-                  f"grid: add {row['add']:g} to its sweep values in experiments/lr_sweep/config.yaml and rerun")
+            print(f"{row['method']}: the best lr {row['lr']:g} at {row['horizon']} steps lies on the {row['edge']} edge "
+                  f"of its {row['stage']} grid: add {row['add']:g} to its sweep values in "
+                  "experiments/lr_sweep/config.yaml and rerun")
     args.out.write_text(HEADER + yaml.safe_dump(tuned_file(chosen), sort_keys=False))
     print(f"wrote {args.out}")
 
