@@ -4,7 +4,9 @@ measured collectives and state in test_experiments_smoke.py.)"""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,6 +35,8 @@ from lowcomm.repro.accounting import (
     state_summary,
 )
 from lowcomm.repro.wallclock import LATENCY_S, step_time
+
+ROOT = Path(__file__).resolve().parents[2]
 
 M = 4
 RING = 2 * (M - 1) / M * 4  # bytes per worker per fp32 number of an all-reduce
@@ -256,6 +260,21 @@ def test_paper_table_state_ratios():
     assert rows["lordo-125m", "dion"]["collectives_per_step"] == 3
     assert rows["lordo-125m", "ddp"]["comm_s_10gbps"] == pytest.approx(
         rows["lordo-125m", "ddp"]["steady_mb"] * 8e6 / 10e9 + 50e-6)
+
+
+def test_the_state_table_at_the_cpu_size_equals_the_stored_claim_runs_by_kind():
+    """Each kind of state of the analytic cpu-size row (MB) equals what the stored 1,024-step runs measured."""
+    from lowcomm.repro.accounting import CPU_RANK, STATE_KINDS, state_rows
+
+    rows = {r["method"]: r for r in state_rows(paper_table(steps=1024, sizes={"cpu": CPU_RANK}))}
+    for method in ("ddp", "local_adam", "lordo_local", "lordo", "lowrank_ddp"):
+        record = json.loads((ROOT / "results" / "table3_main" / "claim" / "runs" / f"{method}-s1" / "record.json")
+                            .read_text())
+        measured = {k[len("memory/"):-len("_bytes")]: v / 1e6 for k, v in record.items()
+                    if k.startswith("memory/") and k.endswith("_bytes")}
+        for kind in STATE_KINDS:
+            assert rows[method].get(kind, 0.0) == pytest.approx(measured.get(kind, 0.0)), (method, kind)
+        assert rows[method]["whole_state_mb"] == pytest.approx(sum(measured.values()))
 
 
 def test_accounted_method_of_a_mapping_is_its_sync_options_and_rank():

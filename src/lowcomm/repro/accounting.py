@@ -330,6 +330,7 @@ def state_summary(bytes_by_kind: Mapping[str, float]) -> dict[str, float]:
 # ---------------------------------------------------------------------------- the paper's settings
 PAPER_SIZES = {"lordo-16m": 32, "lordo-125m": 96, "lordo-720m": 256, "gpt2-45m": 64,
                "llama3-320m": 96}  # rank r = d_model / 8 for every low-rank method (matched rank)
+CPU_RANK = 16  # r = d/8 of the cpu model (d 128): the state table's measured size beside the paper sizes
 PAPER_WORLD_SIZE = 4  # M
 PAPER_SYNC_EVERY = 32  # K, also K_u = K_v (D8 default)
 LOWRANK_DDP_REFRESH = 200  # T: GaLore's default basis refresh period
@@ -383,18 +384,26 @@ def model_shapes(size: str, **overrides: Any) -> ParamShapes:
     return param_shapes(meta_model(size, **overrides))
 
 
+STATE_KINDS = ("moments", "bases", "error_feedback", "anchor", "outer_momentum", "adamw_moments", "momentum_buffer",
+               "momentum", "Q")  # every kind of state a worker keeps, in the order the state tables show them
+
+
 def method_row(method: PaperMethod, shapes: ParamShapes, steps: int, bytes_per_element: int = 4,
                latency_s: float = LATENCY_S) -> dict[str, float]:
     """Steady and amortized MB per worker per step, collectives per step, state MB (optimizer state as the paper
-    counts it, E, anchor) and the communication time per step (s) at each bandwidth of BANDWIDTHS_GBPS."""
+    counts it, E, anchor; each kind of STATE_KINDS as `state_mb/<kind>`, and all of it as `whole_state_mb`) and
+    the communication time per step (s) at each bandwidth of BANDWIDTHS_GBPS."""
     opts, m, b = method.options, PAPER_WORLD_SIZE, bytes_per_element
     steady = sum(analytic_bytes_per_step(opts, shapes, m, b).values())
     collectives = analytic_collectives_per_step(opts, shapes)
-    state = state_summary({**analytic_optimizer_state(method.family, shapes, opts, bytes_per_element=b),
-                           **analytic_sync_state(opts, shapes, b)})
+    by_kind = {**analytic_optimizer_state(method.family, shapes, opts, bytes_per_element=b),
+               **analytic_sync_state(opts, shapes, b)}
+    state = state_summary(by_kind)
     amortized = sum(analytic_bytes_per_step(opts, shapes, m, b, steps).values())
     row = dict(steady_mb=steady / 1e6, amortized_mb=amortized / 1e6,
-               collectives_per_step=collectives, **{k.replace("_bytes", "_mb"): v / 1e6 for k, v in state.items()})
+               collectives_per_step=collectives, **{k.replace("_bytes", "_mb"): v / 1e6 for k, v in state.items()},
+               **{f"state_mb/{kind}": by_kind.get(kind, 0.0) / 1e6 for kind in STATE_KINDS},
+               whole_state_mb=sum(by_kind.values()) / 1e6)
     for bw in BANDWIDTHS_GBPS:
         row[f"comm_s_{bw:g}gbps"] = step_time(0.0, steady, collectives, bw, latency_s)
     return row
@@ -409,12 +418,14 @@ def paper_matrix_moments_ratio(method: PaperMethod, shapes: ParamShapes, adamw: 
     return matrix_moments_ratio(adamw["adamw_moments"], state["adamw_moments"], state["moments"])
 
 
-def paper_table(steps: int, bytes_per_element: int = 4, latency_s: float = LATENCY_S) -> list[dict[str, Any]]:
+def paper_table(steps: int, bytes_per_element: int = 4, latency_s: float = LATENCY_S,
+                sizes: Mapping[str, int] = PAPER_SIZES) -> list[dict[str, Any]]:
     """Rows (size, rank, method, `method_row` figures, ratios of ddp's and low-rank DDP's bytes and of AdamW's
-    optimizer state to the method's, and for low-rank methods AdamW's moments of the hidden matrices over the
-    method's low-rank moments) at every paper size with the paper's settings."""
+    optimizer state to the method's, of the whole state AdamW DDP and local_adam keep to the method's, and for
+    low-rank methods AdamW's moments of the hidden matrices over the
+    method's low-rank moments) at every size of `sizes` (size -> rank) with the paper's settings."""
     rows = []
-    for size, rank in PAPER_SIZES.items():
+    for size, rank in sizes.items():
         shapes = model_shapes(size)
         methods = paper_methods(rank)
         figures = {name: method_row(method, shapes, steps, bytes_per_element, latency_s)
@@ -425,6 +436,9 @@ def paper_table(steps: int, bytes_per_element: int = 4, latency_s: float = LATEN
                              ddp_over_method=figures["ddp"]["steady_mb"] / row["steady_mb"],
                              lowrank_ddp_over_method=figures["lowrank_ddp"]["steady_mb"] / row["steady_mb"],
                              adamw_state_over_method=figures["ddp"]["optimizer_state_mb"] / row["optimizer_state_mb"],
+                             adamw_whole_over_method=figures["ddp"]["whole_state_mb"] / row["whole_state_mb"],
+                             local_adam_whole_over_method=figures["local_adam"]["whole_state_mb"]
+                             / row["whole_state_mb"],
                              matrix_moments_ratio=paper_matrix_moments_ratio(methods[name], shapes, adamw,
                                                                              bytes_per_element)))
     return rows
@@ -451,6 +465,17 @@ def paper_crossover(rows: list[dict[str, Any]], tokens: int = PAPER_TOKENS_PER_W
                 out.append(dict(size=size, params=params, compute_s=compute, a=a, b=b, steps_ratio=rho,
                                 crossover_mbit=rate))
     return out
+
+
+def state_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The state table by kind of `paper_table`'s rows: size, rank, method, MB of each kind of STATE_KINDS that some
+    method keeps, the whole state, the ratios of AdamW DDP's and local_adam's whole state to it, and the moments-only
+    ratio (AdamW's moments of the hidden matrices over the method's low-rank moments)."""
+    kept = [k for k in STATE_KINDS if any(r[f"state_mb/{k}"] for r in rows)]
+    return [{"size": r["size"], "rank": r["rank"], "method": r["method"], **{k: r[f"state_mb/{k}"] for k in kept},
+             "whole_state_mb": r["whole_state_mb"], "adamw_whole_over_method": r["adamw_whole_over_method"],
+             "local_adam_whole_over_method": r["local_adam_whole_over_method"],
+             "matrix_moments_ratio": r["matrix_moments_ratio"]} for r in rows]
 
 
 def write_rows(rows: list[dict[str, Any]], path: str, **settings: Any) -> None:
@@ -487,6 +512,8 @@ def main(argv: list[str] | None = None) -> None:
     crossover = paper_crossover(rows, flops_per_s=args.flops_per_s)
     if args.out:
         write_rows(rows, args.out)
+        write_rows(state_rows(paper_table(args.steps, sizes={"cpu": CPU_RANK, **PAPER_SIZES})),
+                   str(Path(args.out).with_name("state.csv")))
         write_rows(crossover, str(Path(args.out).with_name("crossover.csv")),
                    tokens_per_worker_step=PAPER_TOKENS_PER_WORKER_STEP, flops_per_s=args.flops_per_s)
     print(f"{'size':<11} {'r':>4} {'method':<18} {'steady MB':>11} {'amortized MB':>13} {'ddp / method':>13} "
