@@ -298,6 +298,36 @@ def draw_loss_only(fig, preset_dir: Path) -> None:
     validation_panel(fig.subplots(), preset_dir)
 
 
+def draw_stability(fig, preset_dir: Path) -> None:
+    """Per run label (the noise reruns of one config together): the spread over its runs of the training loss at
+    every logged step (over the seeds, or over the noise reruns, which read the same batches), every run's
+    validation loss, and the balance per kind of matrix of the first row with a full-rank term:
+    update_rms/full/<matrix> over update_rms/low/<matrix>, median over its runs and layers."""
+    axes = fig.subplots(1, 3)
+    columns = ["loss", "val_loss", "update_rms/"]
+    rows = pd.concat([r.metrics[keep_columns(r.metrics, columns)].assign(label=r.method, seed=r.name)
+                      for r in stored_runs(preset_dir)], ignore_index=True)
+    palette = dict(zip(rows["label"].unique(), sns.color_palette(n_colors=rows["label"].nunique())))
+    spread = rows.dropna(subset=["loss"]).groupby(["label", "step"])["loss"].std().reset_index()
+    sns.lineplot(spread, x="step", y="loss", hue="label", palette=palette, ax=axes[0])
+    axes[0].set(yscale="log", xlabel="step", ylabel="std over runs (nats)", title="training loss: spread over runs")
+    val = rows.dropna(subset=["val_loss"])
+    sns.lineplot(val[val["step"] > 0], x="step", y="val_loss", hue="label", units="seed", estimator=None,
+                 palette=palette, lw=0.8, ax=axes[1])
+    axes[1].set(xlabel="step", ylabel="validation loss (nats)", title="every run")
+    full = [c for c in rows if c.startswith("update_rms/full/")]
+    with_full = [label for label, group in rows.groupby("label", sort=False)
+                 if full and (group[full].fillna(0) > 0).any().any()]
+    if with_full:
+        runs = rows[rows["label"] == with_full[0]].dropna(subset=full)
+        ratios = pd.concat([pd.DataFrame({"step": runs["step"], "matrix": c.rsplit(".", 2)[-2],
+                                          "ratio": runs[c] / runs[c.replace("/full/", "/low/")]}) for c in full])
+        sns.lineplot(ratios, x="step", y="ratio", hue="matrix", estimator="median", errorbar=None, ax=axes[2])
+        axes[2].axhline(1, color="k", lw=0.8)
+        axes[2].set(yscale="log", xlabel="step", ylabel="full / low (RMS of the applied terms)",
+                    title=f"{with_full[0]}: balance per kind of matrix")
+
+
 DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {  # an experiment's `report.figure` names one
     "methods": (draw_methods, (11, 4)),
     "stagnation": (draw_stagnation, (16, 4.5)),
@@ -312,6 +342,7 @@ DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {  # an experiment's `re
     "loss_vs_bytes": (draw_loss_vs_bytes, (12, 4.5)),
     "loss": (draw_loss_only, (6, 4)),
     "horizon": (draw_horizon, (12, 4.5)),
+    "stability": (draw_stability, (16, 4.5)),
 }
 
 
