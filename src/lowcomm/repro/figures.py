@@ -328,6 +328,24 @@ def draw_stability(fig, preset_dir: Path) -> None:
                     title=f"{with_full[0]}: balance per kind of matrix")
 
 
+def draw_balance(fig, preset_dir: Path) -> None:
+    """LoRDO's full-rank balance: final validation loss (mean and min-max over the tuning seeds), the median over the
+    syncs of the largest principal angle between consecutive bases, and the full / low balance, each against omega,
+    one line per qh_scale and qh_denominator."""
+    table = pd.read_csv(preset_dir / "table.csv")
+    runs = records(preset_dir).merge(table[["label", "qh_scale", "qh_denominator"]], on="label")
+    runs["setting"] = [f"mu {m:g}, {d}" for m, d in zip(runs["qh_scale"], runs["qh_denominator"])]
+    runs["omega"] = runs["sweep_value"].astype(float)
+    angles = table.assign(setting=[f"mu {m:g}, {d}" for m, d in zip(table["qh_scale"], table["qh_denominator"])])
+    axes = fig.subplots(1, 3)
+    sns.lineplot(runs, x="omega", y="final_val_loss", hue="setting", marker="o", errorbar=BAND, ax=axes[0])
+    axes[0].set(xlabel="omega", ylabel="final validation loss (nats)", title="loss over the tuning seeds")
+    for ax, column, title in ((axes[1], "angle_median_over_syncs", "median largest angle per sync (rad)"),
+                              (axes[2], "balance", "full / low (median over steps)")):
+        sns.lineplot(angles, x="omega", y=column, hue="setting", marker="o", ax=ax, legend=False)
+        ax.set(xlabel="omega", ylabel=title, yscale="log")
+
+
 DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {  # an experiment's `report.figure` names one
     "methods": (draw_methods, (11, 4)),
     "stagnation": (draw_stagnation, (16, 4.5)),
@@ -343,6 +361,7 @@ DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {  # an experiment's `re
     "loss": (draw_loss_only, (6, 4)),
     "horizon": (draw_horizon, (12, 4.5)),
     "stability": (draw_stability, (16, 4.5)),
+    "balance": (draw_balance, (16, 4.5)),
 }
 
 

@@ -299,19 +299,34 @@ def methods_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFr
     return {"table": table, "comparisons": compare_rows(runs, table, params.get("compare", []))}
 
 
-def optimizer_setting(cfg: DictConfig, key: str) -> float:
-    """An optimizer option of a resolved config with the optimizer's default filled in (NaN when it has none)."""
+def optimizer_setting(cfg: DictConfig, key: str) -> float | str:
+    """An optimizer option of a resolved config with the optimizer's default filled in (NaN when it has none; a
+    word option as it is)."""
     value = getattr(parse_sections(cfg).optim, key, math.nan)
-    return math.nan if value is None else float(value)
+    return math.nan if value is None else value if isinstance(value, str) else float(value)
+
+
+def update_balance(metrics: pd.DataFrame, after: int = 32) -> float:
+    """Median over the logged steps after `after` of update_rms/full over update_rms/low (the applied (1 - omega)
+    full term over the applied omega low term); NaN for a run without both."""
+    if "update_rms/full" not in metrics or "update_rms/low" not in metrics:
+        return math.nan
+    later = metrics[metrics["step"] > after]
+    return float((later["update_rms/full"] / later["update_rms/low"]).median())
 
 
 def stagnation_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
-    """Loss, omega and weight decay per row, and the subspace movement at the syncs (largest principal angle
-    between consecutive bases: its maximum and median over the syncs)."""
+    """Loss and the optimizer settings `settings` (default omega and weight decay) per row, the subspace movement at
+    the syncs (largest principal angle between consecutive bases: its maximum and median over the syncs) and the
+    balance of the update's terms (update_balance)."""
     runs = per_run_frame(results)
-    runs["omega"] = [optimizer_setting(r.config, "omega") for r in results]
-    runs["weight_decay"] = [optimizer_setting(r.config, "weight_decay") for r in results]
+    for key in params.get("settings", ["omega", "weight_decay"]):
+        runs[key] = [optimizer_setting(r.config, key) for r in results]
+    runs["balance"] = [update_balance(r.metrics) for r in results]
     table = summarize(runs, ("angle_max_over_syncs",))
+    for key in params.get("settings", []):  # a word setting is no mean: the row's value
+        if key not in table:
+            table[key] = runs.groupby("label", sort=False)[key].first().values
     return {"table": table, "comparisons": compare_rows(runs, table, params.get("compare", []))}
 
 
@@ -512,15 +527,6 @@ def crossover_rates(table: pd.DataFrame, pairs: list[list[str]], latency_s: floa
     return pd.DataFrame(rows, columns=["a", "b", "rates_mbit", "crossover_measured_mbit", "crossover_modeled_mbit"])
 
 
-def update_balance(metrics: pd.DataFrame, after: int = 32) -> float:
-    """Median over the logged steps after `after` of update_rms/full over update_rms/low (the applied (1 - omega)
-    full term over the applied omega low term); NaN for a run without both."""
-    if "update_rms/full" not in metrics or "update_rms/low" not in metrics:
-        return math.nan
-    later = metrics[metrics["step"] > after]
-    return float((later["update_rms/full"] / later["update_rms/low"]).median())
-
-
 def stability_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
     """Per run label (a sweep's values together: the noise reruns of one config are one row): loss over its runs
     (summarize), the spread (sample std over runs) of the validation loss at every validation step
@@ -568,8 +574,8 @@ SHOWN = {
     "spectral": ["label", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl", "final_val_ppl_std",
                  "bytes_per_step/total", "bytes_ratio_to_ddp", "optimizer_state_bytes", "state_ratio_to_adamw",
                  "nu_mean_over_training", "probe_cosine_mean_over_syncs"],
-    "stagnation": ["label", "seeds", "omega", "weight_decay", "final_val_loss", "final_val_loss_std", "final_val_ppl",
-                   "angle_max_over_syncs", "angle_median_over_syncs"],
+    "stagnation": ["label", "seeds", "omega", "weight_decay", "qh_scale", "qh_denominator", "final_val_loss",
+                   "final_val_loss_std", "final_val_ppl", "angle_max_over_syncs", "angle_median_over_syncs", "balance"],
     "sweep": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl",
               "final_val_ppl_std"],
     "nu": ["label", "sweep_value", "seeds", "rank", "sqrt_rank", "nu_mean_over_training", "nu_mean_over_training_std",
