@@ -49,7 +49,7 @@ def smoke(tmp_path_factory):
     return run
 
 
-def check_table3(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+def check_table3(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     t = table.set_index("label")
     assert 0 < t.loc["lordo", "bytes_ratio_to_ddp"] < 1 and "bytes_ratio_to_lowrank_ddp" not in t  # no such row
     assert t.loc["ddp", "state_ratio_to_adamw"] == 1 and t.loc["lordo", "state_ratio_to_adamw"] < 1
@@ -61,40 +61,40 @@ def check_table3(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
     assert comparisons.empty  # every configured pair needs a row the smoke preset leaves out
 
 
-def check_stagnation(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+def check_stagnation(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     t = table.set_index("label")
     assert 0 < t.loc["lordo", "angle_max_over_syncs"] <= math.pi / 2 + 1e-6
     assert t.loc["lordo_global_noqh", "omega"] == 1 and t.loc["lordo", "omega"] == pytest.approx(0.7)
     assert list(comparisons["a"]) == ["lordo_global_noqh"]
 
 
-def check_rank_sweep(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+def check_rank_sweep(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     assert list(table["sweep_value"]) == [4, 4] and list(table["method"]) == ["lordo", "lordo_local"]
     assert list(comparisons["sweep_value"]) == [4] and comparisons["verdict"].iloc[0] == "too few seeds"
 
 
-def check_batch_sweep(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+def check_batch_sweep(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     assert list(table["label"]) == ["lordo_local_bs2"] and comparisons.empty
 
 
-def check_nu(table: pd.DataFrame, comparisons) -> None:
+def check_nu(table: pd.DataFrame, comparisons, out_dir: Path) -> None:
     t = table.set_index("method")
     assert t.loc["orth_dion", "nu_max_over_training"] == pytest.approx(1.0, abs=1e-5)
     assert (t["rank"] == 16).all() and (t["sqrt_rank"] == 4).all()  # ceil(0.25 x 64)
 
 
-def check_beta(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+def check_beta(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     assert list(table["label"]) == ["orth_dion_beta0.1"] and comparisons.empty  # beta = 1 is not in the smoke grid
 
 
-def check_convergence(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+def check_convergence(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     t = table.set_index("label")
     assert t.loc["dion", "steps_to_target"] > 0 and t.loc["dion", "steps_to_target_n"] == 1
     assert t.loc["orth_dion", "active_rank_share_over_training"] == 1  # a fixed rank keeps its cap
     assert (t["step_time_s"] > 0).all()
 
 
-def check_communication(table: pd.DataFrame, comparisons) -> None:
+def check_communication(table: pd.DataFrame, comparisons, out_dir: Path) -> None:
     """Measured collectives and state against the analytic model (smoke shapes, 16 steps, K = 8, r = 8)."""
     t = table.set_index("label")
     shapes = model_shapes("smoke", vocab_size=512)
@@ -108,7 +108,7 @@ def check_communication(table: pd.DataFrame, comparisons) -> None:
     assert t["time_to_target_s_1gbps"].ge(t["time_to_target_s_100gbps"]).all()
 
 
-def check_spectral(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+def check_spectral(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     """MuLoCo sends DiLoCo's bytes (the same dense Delta every K); the local Orth-Dion rows keep nu_t = 1."""
     t = table.set_index("label")
     assert t.loc["muloco", "bytes_per_step/total"] == t.loc["diloco", "bytes_per_step/total"]
@@ -116,17 +116,17 @@ def check_spectral(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
     assert list(comparisons["a"]) == ["muloco", "orth_dion_local", "lordo_orth_dion"]
 
 
-def check_lr_sweep(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+def check_lr_sweep(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     """One row per method and lr, each lr of the smoke grid."""
     assert sorted(table["sweep_value"]) == [3e-3, 3e-3, 6e-3, 6e-3] and set(table["method"]) == {"ddp", "lordo"}
 
 
-def check_horizon(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+def check_horizon(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     """Each horizon a run; the gap to ddp per horizon (paired: zero seeds' interval with one seed)."""
     assert sorted(set(table["sweep_value"])) == [16, 32] and (table["ddp_steps_to_final"] > 0).any()
 
 
-def check_compressed(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
+def check_compressed(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     """SparseLoCo at 1 % density and 2 bits sends a small fraction of DiLoCo's bytes; LoRDO's compressed Delta
     sends fewer than its dense one would."""
     t = table.set_index("label")
@@ -134,11 +134,27 @@ def check_compressed(table: pd.DataFrame, comparisons: pd.DataFrame) -> None:
     assert t.loc["lordo_compressed", "bytes_per_step/pseudo_gradient"] > 0
 
 
+def check_stability(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
+    """The two noise reruns of lordo are two rows of the table and one of its spread; the full-rank term is applied."""
+    assert list(table["label"]) == ["lordo_noise1", "lordo_noise2"] and (table["balance"] > 0).all()
+    spread = pd.read_csv(out_dir / "spread.csv").set_index("label")
+    assert spread.loc["lordo", "runs"] == 2 and spread.loc["lordo", "val_std/16"] >= 0
+    runs = pd.read_csv(out_dir / "runs.csv")
+    assert sorted(runs["noise_seed"]) == [1, 2] and set(runs["init_seed"]) == set(runs["data_seed"]) == {0}
+
+
+def check_balance(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
+    """Each setting with its denominator and the subspace movement it gives."""
+    t = table.set_index("label")
+    assert list(t["qh_denominator"]) == ["rank_mean", "scalar"] and (t["qh_scale"] == 1).all()
+    assert (t["angle_median_over_syncs"] > 0).all() and (t["balance"] > 0).all()
+
+
 CHECKS = {"table3_main": check_table3, "stagnation_ablation": check_stagnation, "rank_sweep": check_rank_sweep,
           "batch_size_sensitivity": check_batch_sweep, "nu_measurement": check_nu, "beta_sweep": check_beta,
           "orthdion_convergence": check_convergence, "communication": check_communication,
           "spectral_local_steps": check_spectral, "lr_sweep": check_lr_sweep, "horizon": check_horizon,
-          "compressed_sync": check_compressed}
+          "compressed_sync": check_compressed, "lordo_stability": check_stability, "lordo_balance": check_balance}
 
 
 def test_every_experiment_has_a_smoke_check_and_a_make_target():
@@ -159,7 +175,7 @@ def test_smoke_preset_trains_aggregates_traces_draws_and_reports(name, smoke, tm
     assert list(table["label"]) == list(dict.fromkeys(run.label for run in grid))
     assert (table["final_val_loss"] < table["initial_val_loss"]).all()
     comparisons = pd.read_csv(out_dir / "comparisons.csv") if (out_dir / "comparisons.csv").exists() else None
-    CHECKS[name](table, comparisons)
+    CHECKS[name](table, comparisons, out_dir)
     assert provenance_problems(config, "smoke", results) == []
     if name == "communication":
         write_rows(paper_table(steps=1000), str(results / "communication" / "analytic.csv"))

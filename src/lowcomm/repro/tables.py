@@ -306,12 +306,13 @@ def optimizer_setting(cfg: DictConfig, key: str) -> float | str:
     return math.nan if value is None else value if isinstance(value, str) else float(value)
 
 
-def update_balance(metrics: pd.DataFrame, after: int = 32) -> float:
-    """Median over the logged steps after `after` of update_rms/full over update_rms/low (the applied (1 - omega)
-    full term over the applied omega low term); NaN for a run without both."""
+def update_balance(run: RunResult) -> float:
+    """Median over the logged steps after the warmup of update_rms/full over update_rms/low (the applied
+    (1 - omega) full term over the applied omega low term); NaN for a run without both."""
+    metrics = run.metrics
     if "update_rms/full" not in metrics or "update_rms/low" not in metrics:
         return math.nan
-    later = metrics[metrics["step"] > after]
+    later = metrics[metrics["step"] > run.config.train.warmup]
     return float((later["update_rms/full"] / later["update_rms/low"]).median())
 
 
@@ -322,7 +323,7 @@ def stagnation_table(results: list[RunResult], params: dict) -> dict[str, pd.Dat
     runs = per_run_frame(results)
     for key in params.get("settings", ["omega", "weight_decay"]):
         runs[key] = [optimizer_setting(r.config, key) for r in results]
-    runs["balance"] = [update_balance(r.metrics) for r in results]
+    runs["balance"] = [update_balance(r) for r in results]
     table = summarize(runs, ("angle_max_over_syncs",))
     for key in params.get("settings", []):  # a word setting is no mean: the row's value
         if key not in table:
@@ -528,27 +529,27 @@ def crossover_rates(table: pd.DataFrame, pairs: list[list[str]], latency_s: floa
 
 
 def stability_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
-    """Per run label (a sweep's values together: the noise reruns of one config are one row): loss over its runs
-    (summarize), the spread (sample std over runs) of the validation loss at every validation step
-    (`val_std/<step>`) and the median full / low balance; `runs`: one row per run with the seed of its
-    initialization (train.seed), of its data order (data.seed) and of its weight noise (train.init_noise_seed where
-    train.init_noise > 0), its validation loss at every validation step and its balance."""
-    runs = per_run_frame(results).assign(label=[r.method for r in results])
+    """Per label: loss over seeds and the median full / low balance (update_balance); `spread`: per run label (a
+    sweep's values together: the noise reruns of one config are one row) the loss over its runs and the spread
+    (sample std over runs) of the validation loss at every validation step (`val_std/<step>`); `runs`: one row per
+    run with the seed of its initialization (train.seed), of its data order (data.seed) and of its weight noise
+    (train.init_noise_seed where train.init_noise > 0), its validation loss at every validation step and its
+    balance."""
+    runs = per_run_frame(results)
     rows = []
     for r in results:
         t = r.config.train
         curve = r.validation_curve().set_index("step")["val_loss"]
         rows.append({"label": r.method, "run": r.name, "init_seed": int(t.seed), "data_seed": int(r.config.data.seed),
                      "noise_seed": int(t.init_noise_seed) if t.get("init_noise", 0) else math.nan,
-                     "balance": update_balance(r.metrics), **{f"val/{s}": v for s, v in curve.items() if s > 0}})
+                     "balance": update_balance(r), **{f"val/{s}": v for s, v in curve.items() if s > 0}})
     per_run = pd.DataFrame(rows)
     runs["balance"] = per_run["balance"].values
-    table = summarize(runs)
     val_columns = [c for c in per_run if c.startswith("val/")]
-    spread = per_run.groupby("label", sort=False)[val_columns].agg(sample_std)
-    spread.columns = [c.replace("val/", "val_std/") for c in spread.columns]
-    table = table.merge(spread, left_on="label", right_index=True)
-    return {"table": table, "runs": per_run}
+    spread = per_run.groupby("label", sort=False).agg(
+        runs=("run", "size"), final_val_loss=(val_columns[-1], "mean"), balance=("balance", "median"),
+        **{c.replace("val/", "val_std/"): (c, sample_std) for c in val_columns}).reset_index()
+    return {"table": summarize(runs), "spread": spread, "runs": per_run}
 
 
 KINDS: dict[str, Callable[[list[RunResult], dict], dict[str, pd.DataFrame]]] = {
@@ -582,7 +583,7 @@ SHOWN = {
            "nu_max_over_training", "spectral/nu_mean", "final_val_loss"],
     "beta": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"],
     "horizon": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "ddp_steps_to_final"],
-    "stability": ["label", "seeds", "final_val_loss", "final_val_loss_std", "val_std/", "balance"],
+    "stability": ["label", "seeds", "final_val_loss", "final_val_loss_std", "balance"],
     "emulated_network": ["label", "link_rate_mbit", "link_rate_measured_mbit", "seeds", "final_val_loss",
                          "bytes_per_step/total", "collectives_per_step", "compute_run_s", "compute_s",
                          "step_time_measured_s", "step_time_modeled_s", "step_time_ratio", "target_loss",
