@@ -71,7 +71,8 @@ communication: install accounting
 experiments: $(EXPERIMENTS)
 
 # The learning-rate protocol (experiments/lr_sweep/README.md): stage 1 (the AdamW family), the choice, stage 2 (the
-# Muon and Dion family, their non-matrix lr from stage 1), the choice again. `make lr_sweep OUT=results` updates
+# Muon and Dion family, their non-matrix lr from stage 1), the choice again, stage 3 (the claim horizon) and protocol v2
+# (claim_v2: tuning seeds 100-102), each followed by the choice. `make lr_sweep OUT=results` updates
 # experiments/tuned_lr.yaml, which every experiment's cpu preset reads; into runs/ the choice goes to
 # runs/lr_sweep/tuned_lr.yaml and stage 2 reads the stored file.
 lr_sweep: install
@@ -80,6 +81,8 @@ lr_sweep: install
 	$(PY) -m lowcomm.repro.experiment experiments/lr_sweep/config.yaml cpu_spectral --out $(OUT) $(if $(FORCE),--force)
 	$(MAKE) --no-print-directory tune
 	$(PY) -m lowcomm.repro.experiment experiments/lr_sweep/config.yaml claim --out $(OUT) $(if $(FORCE),--force)
+	$(MAKE) --no-print-directory tune
+	$(PY) -m lowcomm.repro.experiment experiments/lr_sweep/config.yaml claim_v2 --out $(OUT) $(if $(FORCE),--force)
 	$(MAKE) --no-print-directory tune
 
 tune: install

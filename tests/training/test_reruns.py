@@ -38,15 +38,15 @@ def same_bits(a: Path, b: Path) -> bool:
                                                                                     weights(b).values()))
 
 
-def test_one_worker_reruns_to_the_bit_and_a_run_cut_short_of_its_schedule_is_the_start_of_the_longer_run(tmp_path):
+def test_one_worker_reruns_to_the_bit_fp32_noise_changes_the_weights_and_a_short_run_is_the_start_of_a_long_one(
+        tmp_path):
     first, again = (run(tmp_path, name, "train.devices=1") for name in ("first", "again"))
     assert same_bits(first, again)
+    perturbed = run(tmp_path, "perturbed", "train.devices=1", "train.init_noise=1e-7")
+    assert not any(torch.equal(x, y) for x, y in zip(weights(first).values(), weights(perturbed).values()))
     start = run(tmp_path, "start", "train.devices=1", "train.steps=8", "train.schedule_steps=16")
     pd.testing.assert_frame_equal(losses(start), losses(first).loc[:8], check_exact=True)
 
 
-def test_four_workers_rerun_to_the_bit_and_fp32_noise_on_the_initial_weights_changes_them(tmp_path):
-    first, again, perturbed = (run(tmp_path, name, "train.devices=4", *extra) for name, *extra in
-                               (("first",), ("again",), ("perturbed", "train.init_noise=1e-7")))
-    assert same_bits(first, again)
-    assert not any(torch.equal(x, y) for x, y in zip(weights(first).values(), weights(perturbed).values()))
+def test_four_workers_rerun_to_the_bit(tmp_path):
+    assert same_bits(*(run(tmp_path, name, "train.devices=4") for name in ("first", "again")))

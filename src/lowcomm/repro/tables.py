@@ -531,7 +531,9 @@ def crossover_rates(table: pd.DataFrame, pairs: list[list[str]], latency_s: floa
 def stability_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
     """Per label: loss over seeds and the median full / low balance (update_balance); `spread`: per run label (a
     sweep's values together: the noise reruns of one config are one row) the loss over its runs and the spread
-    (sample std over runs) of the validation loss at every validation step (`val_std/<step>`); `runs`: one row per
+    (sample std over runs) of the validation loss at every validation step (`val_std/<step>`); `loss_spread`: per
+    logged step, the sample std over each run label's runs of the training loss (noise reruns read the same batches,
+    so theirs is how far the runs have drifted apart); `runs`: one row per
     run with the seed of its initialization (train.seed), of its data order (data.seed) and of its weight noise
     (train.init_noise_seed where train.init_noise > 0), its validation loss at every validation step and its
     balance."""
@@ -549,7 +551,11 @@ def stability_table(results: list[RunResult], params: dict) -> dict[str, pd.Data
     spread = per_run.groupby("label", sort=False).agg(
         runs=("run", "size"), final_val_loss=(val_columns[-1], "mean"), balance=("balance", "median"),
         **{c.replace("val/", "val_std/"): (c, sample_std) for c in val_columns}).reset_index()
-    return {"table": summarize(runs), "spread": spread, "runs": per_run}
+    losses = pd.concat([r.metrics.dropna(subset=["loss"]).set_index("step")["loss"].rename(r.name) for r in results],
+                       axis=1)
+    labels = {r.name: r.method for r in results}
+    loss_spread = losses.T.groupby(labels, sort=False).agg(sample_std).T.rename_axis("step").reset_index()
+    return {"table": summarize(runs), "spread": spread, "loss_spread": loss_spread, "runs": per_run}
 
 
 KINDS: dict[str, Callable[[list[RunResult], dict], dict[str, pd.DataFrame]]] = {
