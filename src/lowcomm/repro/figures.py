@@ -301,7 +301,7 @@ def draw_loss_only(fig, preset_dir: Path) -> None:
 def draw_stability(fig, preset_dir: Path) -> None:
     """Per run label (the noise reruns of one config together): the spread over its runs of the training loss at
     every logged step (over the seeds, or over the noise reruns, which read the same batches), every run's
-    validation loss, and the balance per kind of matrix of the first row with a full-rank term:
+    validation loss, and the balance per kind of matrix of lordo (else the first row with a full-rank term):
     update_rms/full/<matrix> over update_rms/low/<matrix>, median over its runs and layers."""
     axes = fig.subplots(1, 3)
     columns = ["loss", "val_loss", "update_rms/"]
@@ -319,13 +319,14 @@ def draw_stability(fig, preset_dir: Path) -> None:
     with_full = [label for label, group in rows.groupby("label", sort=False)
                  if full and (group[full].fillna(0) > 0).any().any()]
     if with_full:
-        runs = rows[rows["label"] == with_full[0]].dropna(subset=full)
+        shown = "lordo" if "lordo" in with_full else with_full[0]
+        runs = rows[rows["label"] == shown].dropna(subset=full)
         ratios = pd.concat([pd.DataFrame({"step": runs["step"], "matrix": c.rsplit(".", 2)[-2],
                                           "ratio": runs[c] / runs[c.replace("/full/", "/low/")]}) for c in full])
         sns.lineplot(ratios, x="step", y="ratio", hue="matrix", estimator="median", errorbar=None, ax=axes[2])
         axes[2].axhline(1, color="k", lw=0.8)
         axes[2].set(yscale="log", xlabel="step", ylabel="full / low (RMS of the applied terms)",
-                    title=f"{with_full[0]}: balance per kind of matrix")
+                    title=f"{shown}: balance per kind of matrix")
 
 
 def draw_balance(fig, preset_dir: Path) -> None:
