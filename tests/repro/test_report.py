@@ -47,8 +47,12 @@ def write_table3(root: Path, verdicts: dict[tuple[str, str], str], preset: str =
     # label: (loss, ppl, bytes / ddp's, bytes / lowrank_ddp's, state / AdamW's)
     rows = {"ddp": (4.0, 90.0, 1.0, 2.5, 1.0), "lowrank_ddp": (4.1, 100.0, 0.4, 1.0, 0.4),
             "lordo": (4.2, 105.0, 1 / 25.5, 1 / 6.8, 0.4), "lordo_local": (4.3, 110.0, 1 / 30, 1 / 8, 0.4),
-            "lordo_global_noqh": (4.4, 120.0, 1 / 25.5, 1 / 6.8, 0.4)}
-    pd.DataFrame([{"label": k, "final_val_loss": loss, "final_val_loss_std": 0.01, "final_val_ppl": ppl,
+            "lordo_global_noqh": (4.4, 120.0, 1 / 25.5, 1 / 6.8, 0.4), "local_adam": (4.3, 110.0, 1 / 10, 1 / 4, 1.0)}
+    # state bytes by kind, as the records hold them (the cpu size's, MB)
+    memory = {"ddp": {"adamw_moments": 10.5}, "local_adam": {"adamw_moments": 10.5, "anchor": 5.25},
+              "lordo": {"moments": 0.8, "bases": 0.2, "error_feedback": 3.15, "anchor": 5.25, "adamw_moments": 4.2}}
+    pd.DataFrame([{"label": k, **{f"memory/{kind}_bytes": mb * 1e6 for kind, mb in memory.get(k, {}).items()},
+                   "final_val_loss": loss, "final_val_loss_std": 0.01, "final_val_ppl": ppl,
                    "final_val_ppl_std": 1.0, "seeds": 3, "steps": steps, "world_size": 4, "tokens": steps * 4 * 1024,
                    "parameters": 1.2e6, "bytes_ratio_to_ddp": to_ddp,
                    "bytes_ratio_to_lowrank_ddp": to_lr, "matrix_moments_ratio": 8.0, "state_ratio_to_adamw": state}
@@ -61,12 +65,14 @@ def test_table3_verdicts_follow_the_stored_numbers(tmp_path):
     write_table3(tmp_path, {("lordo", "lordo_local"): "lower", ("lordo", "lowrank_ddp"): "higher",
                             ("lordo_global_noqh", "lordo"): "inconclusive"})
     claims = report.table3_claims(Stored(tmp_path, "table3_main"))
-    assert [c.verdict for c in claims] == [REPRODUCED, NOT_REPRODUCED, REPRODUCED, NOT_TESTABLE, REPRODUCED,
-                                           INCONCLUSIVE]
-    assert "1024 tokens per worker-step and 1.2M parameters here" in claims[3].ours
-    assert "lordo - lordo_local = 0.1 [0.05, 0.15] nats (n = 3 paired seeds)" in claims[4].ours
+    assert [c.verdict for c in claims] == [REPRODUCED, NOT_REPRODUCED, REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE,
+                                           REPRODUCED, INCONCLUSIVE]
+    assert "1024 tokens per worker-step and 1.2M parameters here" in claims[4].ours
+    assert "lordo - lordo_local = 0.1 [0.05, 0.15] nats (n = 3 paired seeds)" in claims[5].ours
     assert claims[0].ours.startswith("25.5x") and claims[1].ours.startswith("6.8x")
-    assert "(5 %)" in claims[3].ours and "2.5x" in claims[2].ours  # whole model: 1 / 0.4
+    assert "(5 %)" in claims[4].ours and "2.5x" in claims[2].ours  # whole model: 1 / 0.4
+    # every state counted: 10.5 MB (ddp) and 15.75 MB (local_adam) against lordo's 13.6 MB
+    assert claims[3].ours.startswith("ddp / lordo = 0.772x (10.5 MB / 13.6 MB); local_adam / lordo = 1.16x")
 
 
 def test_table3_claims_move_to_the_claim_preset_once_it_holds_every_row(tmp_path):
@@ -75,13 +81,13 @@ def test_table3_claims_move_to_the_claim_preset_once_it_holds_every_row(tmp_path
     claim.mkdir()
     pd.read_csv(tmp_path / "table3_main" / "cpu" / "table.csv").head(2).to_csv(claim / "table.csv", index=False)
     partial = report.table3_claims(Stored(tmp_path, "table3_main"))
-    assert partial[4].verdict == REPRODUCED
-    assert partial[4].setting == "cpu preset, 256 steps, tuned lrs; claim preset pending"
+    assert partial[5].verdict == REPRODUCED
+    assert partial[5].setting == "cpu preset, 256 steps, tuned lrs; claim preset pending"
     shutil.rmtree(claim)
     write_table3(tmp_path, {("lordo", "lordo_local"): "higher"}, preset="claim", seeds=5, steps=1024)
     full = report.table3_claims(Stored(tmp_path, "table3_main"))
-    assert full[4].verdict == NOT_REPRODUCED and full[4].setting == "claim preset, 1,024 steps, tuned lrs"
-    assert "| claim preset, 1,024 steps, tuned lrs |" in report.claims_markdown([("table3_main", full[4])], True)
+    assert full[5].verdict == NOT_REPRODUCED and full[5].setting == "claim preset, 1,024 steps, tuned lrs"
+    assert "| claim preset, 1,024 steps, tuned lrs |" in report.claims_markdown([("table3_main", full[5])], True)
     for preset in ("claim", "cpu"):
         (tmp_path / "table3_main" / preset / "table.md").write_text("### table\n")
     line = report.experiment_line(tmp_path, report.definitions()["table3_main"])
@@ -92,9 +98,9 @@ def test_claim_preset_verdicts_wait_for_five_paired_seeds(tmp_path):
     write_table3(tmp_path, {("lordo", "lordo_local"): "higher", ("lordo_global_noqh", "lordo"): "higher"},
                  preset="claim")
     claims = report.table3_claims(Stored(tmp_path, "table3_main"))
-    assert claims[4].verdict == "pending: 3 of 5 paired seeds (not reproduced so far)"
-    assert claims[5].verdict == "pending: 3 of 5 paired seeds (reproduced so far)"
-    assert "(n = 3 paired seeds)" in claims[4].ours and claims[0].verdict == REPRODUCED
+    assert claims[5].verdict == "pending: 3 of 5 paired seeds (not reproduced so far)"
+    assert claims[6].verdict == "pending: 3 of 5 paired seeds (reproduced so far)"
+    assert "(n = 3 paired seeds)" in claims[5].ours and claims[0].verdict == REPRODUCED
 
 
 @pytest.mark.parametrize("ours, claimed, verdict", [(26.7, 25, REPRODUCED), (6.8, 10, NOT_REPRODUCED),

@@ -229,16 +229,14 @@ WHOLE_STATE_CLAIM = ("8x less optimizer-state memory, every state a worker keeps
 
 def whole_state_mb(row: pd.Series | None) -> float:
     """MB of every kind of state a worker keeps (the memory/<kind>_bytes columns of a table row); NaN without one."""
-    if row is None:
-        return math.nan
-    kinds = [c for c in row.index if c.startswith("memory/") and c.endswith("_bytes")]
-    return float(row[kinds].fillna(0).sum()) / 1e6
+    kinds = [] if row is None else [c for c in row.index if c.startswith("memory/") and c.endswith("_bytes")]
+    return float(row[kinds].fillna(0).sum()) / 1e6 if kinds else math.nan
 
 
 def whole_state_claim(text: str, whole: dict[str, float], where: str) -> Claim:
     """The 8x claim with every state counted: AdamW DDP's and local_adam's whole state over LoRDO's, each judged
     against 8x (`whole`: MB per method, keys lordo, ddp, local_adam)."""
-    ratios = {base: whole[base] / whole["lordo"] for base in ("ddp", "local_adam")}
+    ratios = {base: whole[base] / whole["lordo"] if whole["lordo"] > 0 else math.nan for base in ("ddp", "local_adam")}
     ours = "; ".join(f"{base} / lordo = {num(r, 3)}x ({num(whole[base])} MB / {num(whole['lordo'])} MB)"
                      for base, r in ratios.items())
     return Claim(text, combine([about(r, 8) for r in ratios.values()]), f"{ours} {where}")
