@@ -74,18 +74,19 @@ def sgd_runs(rank: int) -> dict[str, list]:
     return out
 
 
-def muloco_and_local_muon(rank: int) -> dict[int, tuple[list, list]]:
-    """muloco with outer lr 1 and momentum 0, and a reference: the same Muon optimizer stepping locally, every K steps
-    W = W_last + mean_m(W_m - W_last) with torch.distributed (W_last: the weights after the previous average); both
-    weights after each sync. (torch's Muon orthogonalizes in bfloat16, so the comparison is of the same arithmetic.)"""
-    model, optimizer, engine = build("muloco", Communicator(), sync={"outer_lr": 1.0, "outer_momentum": 0.0})
+def k_step_and_local_averaging(method: str, rank: int) -> dict[int, tuple[list, list]]:
+    """`method` (diloco or muloco) with outer lr 1 and momentum 0, and a reference: the same inner optimizer stepping
+    locally, every K steps W = W_last + mean_m(W_m - W_last) with torch.distributed (W_last: the weights after the
+    previous average); both weights after each sync. (torch's Muon orthogonalizes in bfloat16, so the comparison is of
+    the same arithmetic.)"""
+    model, optimizer, engine = build(method, Communicator(), sync={"outer_lr": 1.0, "outer_momentum": 0.0})
     torch.manual_seed(99)
     reference = Transformer(model_config("smoke"))
     reference.load_state_dict(model.state_dict())
     engine.setup()
     for p in reference.parameters():
         dist.broadcast(p.data, src=0)
-    reference_optimizer = build_optimizer(METHODS["muloco"][1], reference)
+    reference_optimizer = build_optimizer(METHODS[method][1], reference)
     last = [p.detach().clone() for p in reference.parameters()]
     out = {}
     for t in range(1, 2 * K + 1):
@@ -186,7 +187,7 @@ def worker(rank: int, tmp: str) -> None:
     try:
         out = {"methods": {m: run_method(m, rank) for m in METHODS}, "sgd": sgd_runs(rank),
                "resume": {m: resume_runs(m, rank, tmp) for m in ("lordo", "local_adam", "lordo_orth_dion")},
-               "first_basis": first_basis(rank), "muloco": muloco_and_local_muon(rank),
+               "first_basis": first_basis(rank), "averaging": {m: k_step_and_local_averaging(m, rank) for m in ("diloco", "muloco")},
                "lordo_orth_dion_sync": lordo_orth_dion_sync(rank)}
         torch.save(out, os.path.join(tmp, f"rank{rank}.pt"))
     finally:
@@ -283,11 +284,12 @@ def test_probe_cosine_is_one_for_plain_sgd_and_stays_off_the_method_ledger(ranks
     assert ranks[0]["sgd"]["probe_cosines"] == ranks[1]["sgd"]["probe_cosines"]
 
 
-def test_muloco_with_outer_lr_1_and_no_momentum_is_local_muon_plus_averaging(ranks):
+@pytest.mark.parametrize("method", ["diloco", "muloco"])
+def test_k_step_with_outer_lr_1_and_no_momentum_is_local_steps_plus_parameter_averaging(ranks, method):
     for r in ranks:
-        assert sorted(r["muloco"]) == [K, 2 * K]
-        for t, (muloco, reference) in r["muloco"].items():
-            assert all(torch.equal(a, b) for a, b in zip(muloco, reference)), f"step {t}"
+        assert sorted(r["averaging"][method]) == [K, 2 * K]
+        for t, (synced, reference) in r["averaging"][method].items():
+            assert all(torch.equal(a, b) for a, b in zip(synced, reference)), f"step {t}"
 
 
 def test_lordo_orth_dion_sync_averages_buffers_and_installs_the_top_right_singular_vectors_of_delta(ranks):

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.slow  # trains with several worker processes
 METHODS = sorted(p.stem for p in METHODS_DIR.glob("*.yaml"))
 
 
-def run_method(tmp_path, method):
+def run_method(tmp_path, method, extra=()):
     overrides = SMOKE + [f"method={method}", "sync.sync_every=8", "train.steps=16", "train.val_every=8",
-                         "train.log_every=8", f"run.out_dir={tmp_path}", f"run.name={method}"]
+                         "train.log_every=8", f"run.out_dir={tmp_path}", f"run.name={method}", *extra]
     overrides = [o for o in overrides if not o.startswith("optim.lr=")]  # each optimizer's own default lr
     return json.loads((train(load_config(None, overrides)) / "record.json").read_text())
 
@@ -26,6 +26,11 @@ def subspace_angles(run_dir) -> dict[int, float]:
     with open(run_dir / "metrics.csv") as f:
         return {int(r["step"]): float(r["subspace/max_angle"]) for r in csv.DictReader(f)
                 if r.get("subspace/max_angle")}
+
+
+def training_losses(run_dir) -> dict[int, float]:
+    with open(run_dir / "metrics.csv") as f:
+        return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r.get("loss")}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -46,6 +51,19 @@ def test_method_learns_and_keeps_replicas_identical(tmp_path, method):
         sent = {k for k, v in record.items() if k.startswith("bytes_per_step/") and v and k != "bytes_per_step/total"}
         assert sent == {"bytes_per_step/pseudo_gradient", "bytes_per_step/optimizer_state"}, sent
         assert record["spectral/nu_max"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_diloco_with_outer_lr_1_and_no_momentum_on_one_worker_is_plain_training(tmp_path):
+    """W <- W_anchor + 1 (W_1 - W_anchor): one worker's outer step hands back its own weights, so over 32 steps (4 outer
+    steps) DiLoCo's losses are DDP AdamW's."""
+    one_worker = ["train.devices=1", "train.steps=32", "train.val_every=16"]
+    ddp = run_method(tmp_path, "ddp", one_worker)
+    diloco = run_method(tmp_path, "diloco", [*one_worker, "sync.outer_lr=1.0", "sync.outer_momentum=0.0"])
+    assert ddp["final_val_loss"] < ddp["initial_val_loss"] - 0.1
+    assert diloco["final_val_loss"] == pytest.approx(ddp["final_val_loss"], abs=1e-4)
+    losses = [training_losses(tmp_path / name) for name in ("ddp", "diloco")]
+    assert sorted(losses[0]) == [8, 16, 24, 32]
+    assert losses[1] == pytest.approx(losses[0], abs=1e-4)
 
 
 def test_dion_family_sends_factors_not_matrix_gradients(tmp_path):
