@@ -150,11 +150,20 @@ def check_balance(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path)
     assert (t["angle_median_over_syncs"] > 0).all() and (t["balance"] > 0).all()
 
 
+def check_diloco_scaling(table: pd.DataFrame, comparisons, out_dir: Path) -> None:
+    """Each worker count is its own group of the choice, with the global batch split over its workers."""
+    t = table.set_index("label")
+    assert list(t["train.devices"]) == [1, 2] and t["chosen"].all() and (t["sync.outer_lr"] == 0.7).all()
+    batches = [read_record(out_dir / "runs" / f"{label}-s0")["tokens"] for label in t.index]
+    assert batches[0] == batches[1] > 0  # the same tokens: 32 sequences per step at M = 1, 2 x 16 at M = 2
+
+
 CHECKS = {"table3_main": check_table3, "stagnation_ablation": check_stagnation, "rank_sweep": check_rank_sweep,
           "batch_size_sensitivity": check_batch_sweep, "nu_measurement": check_nu, "beta_sweep": check_beta,
           "orthdion_convergence": check_convergence, "communication": check_communication,
           "spectral_local_steps": check_spectral, "lr_sweep": check_lr_sweep, "horizon": check_horizon,
-          "compressed_sync": check_compressed, "lordo_stability": check_stability, "lordo_balance": check_balance}
+          "compressed_sync": check_compressed, "lordo_stability": check_stability, "lordo_balance": check_balance,
+          "diloco_scaling": check_diloco_scaling}
 
 
 def test_every_experiment_has_a_smoke_check_and_a_make_target():

@@ -223,3 +223,27 @@ def test_analytic_bytes_of_a_self_synchronizing_run_are_dions_factors():
 def test_dion_rank_is_the_largest_capped_fraction_of_min_m_n():
     assert dion_rank(config_of({"name": "optimizer_sync"}, {"name": "orth_dion", "rank_fraction": 0.3})) == 20
     assert dion_rank(config_of({"name": "optimizer_sync"}, {"name": "orth_dion", "rank_fraction": 1.0})) == 64
+
+
+def test_choice_table_ranks_settings_within_each_group_against_the_groups_best_mean():
+    """Two worker counts, three outer settings at M = 1 and two at M = 4: the winner per group by the mean over seeds,
+    the paired interval to it (a constant offset: zero width), a tie where a row's interval contains 0, an edge where
+    the winner holds the grid's largest outer lr."""
+    def config(devices, outer_lr):
+        return {**CONFIG, "train": {"devices": devices, "num_nodes": 1},
+                "sync": {"name": "diloco", "sync_every": 4, "outer_lr": outer_lr, "outer_momentum": 0.9},
+                "optim": {"name": "adamw"}}
+    finals = {("m1_o0.4", 1, 0.4): [4.3, 4.5, 4.4], ("m1_o0.7", 1, 0.7): [4.1, 4.3, 4.2],
+              ("m1_o1.0", 1, 1.0): [4.2, 4.2, 4.2], ("m4_o0.4", 4, 0.4): [4.6, 4.6, 4.65],
+              ("m4_o1.0", 4, 1.0): [4.5, 4.5, 4.5]}
+    results = [run(label, seed, [8.0, loss], method="diloco", config=config(devices, outer_lr))
+               for (label, devices, outer_lr), losses in finals.items() for seed, loss in enumerate(losses)]
+    table = build_tables({"kind": "choice", "settings": ["sync.outer_lr", "sync.outer_momentum"],
+                          "group": ["train.devices"]}, results)["table"].set_index("label")
+    assert list(table.index[table["chosen"]]) == ["m1_o0.7", "m4_o1.0"]
+    assert table.loc["m1_o0.4", "diff_to_winner"] == pytest.approx(0.2)
+    assert table.loc["m1_o0.4", "ci_low"] == pytest.approx(0.2) and table.loc["m1_o0.4", "verdict_to_winner"] == "higher"
+    assert table.loc["m1_o0.7", "tie"] == "m1_o1.0" and table.loc["m1_o0.7", "edge"] == ""
+    assert table.loc["m4_o1.0", "edge"] == "sync.outer_lr high" and table.loc["m4_o1.0", "tie"] == ""
+    assert table.loc["m4_o0.4", "mean"] == pytest.approx(4.6167, abs=1e-4)
+    assert (table["sync.outer_momentum"] == 0.9).all() and list(table["train.devices"]) == [1, 1, 1, 4, 4]

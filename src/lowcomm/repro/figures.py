@@ -25,6 +25,7 @@ import seaborn as sns  # noqa: E402
 
 from lowcomm.optim.dion import Dion  # noqa: E402
 from lowcomm.repro.definitions import definitions  # noqa: E402
+from lowcomm.repro.experiment import load_spec, table_params  # noqa: E402
 from lowcomm.repro.tables import basis_change_rows, stored_runs  # noqa: E402
 
 ANGLE_FLOOR = 1e-7  # angles below this (exact zeros included) are drawn at it on the log scale
@@ -347,6 +348,24 @@ def draw_balance(fig, preset_dir: Path) -> None:
         ax.set(xlabel="omega", ylabel=title, yscale="log")
 
 
+def draw_choice(fig, preset_dir: Path) -> None:
+    """A `choice` table's grid: final validation loss (mean and min-max over the tuning seeds) against its first
+    setting, one line per group (e.g. optimizer and worker count) and value of its second setting; the winner of each
+    group starred."""
+    params = table_params(load_spec(definitions()[preset_dir.parent.name].config), preset_dir.name)
+    settings, group = list(params["settings"]), list(params.get("group", []))
+    table = pd.read_csv(preset_dir / "table.csv")
+    table["group"] = table[group].astype(str).agg(" ".join, axis=1) if group else ""
+    runs = records(preset_dir).merge(table[["label", "group", *settings]], on="label")
+    ax = fig.subplots()
+    style = settings[1] if len(settings) > 1 else None
+    sns.lineplot(runs, x=settings[0], y="final_val_loss", hue="group", style=style, marker="o", errorbar=BAND, ax=ax)
+    chosen = table[table["chosen"]]
+    ax.scatter(chosen[settings[0]], chosen["mean"], marker="*", s=160, color="k", zorder=5, label="chosen")
+    ax.set(xlabel=settings[0], ylabel="final validation loss (nats)", title="mean over the tuning seeds")
+    ax.legend(fontsize=7)
+
+
 DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {  # an experiment's `report.figure` names one
     "methods": (draw_methods, (11, 4)),
     "stagnation": (draw_stagnation, (16, 4.5)),
@@ -363,6 +382,7 @@ DRAW: dict[str, tuple[Callable, tuple[float, float]]] = {  # an experiment's `re
     "horizon": (draw_horizon, (12, 4.5)),
     "stability": (draw_stability, (16, 4.5)),
     "balance": (draw_balance, (16, 4.5)),
+    "choice": (draw_choice, (7, 4.5)),
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from scipy.stats import t as student_t
 
@@ -71,6 +71,27 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float],
     else:
         verdict = INCONCLUSIVE
     return Paired(n, mean, low, high, unpaired, verdict)
+
+
+def mean_or_inf(values: Mapping[int, float]) -> float:
+    """The mean over seeds of {seed: value}; +inf when any value is not finite (a diverged run)."""
+    xs = [math.inf if v is None else float(v) for v in values.values()]
+    return math.inf if not all(math.isfinite(x) for x in xs) else sum(xs) / len(xs)
+
+
+def against_best(points: Mapping[Any, Mapping[int, float]]) -> tuple[Any, dict[Any, dict]]:
+    """The protocol's ranking of grid points {point: {seed: final loss}}: the winner (best mean_or_inf; the first in
+    order on a tie) and per point its seeds, mean, spread, and the paired difference to the winner (interval and
+    verdict; 0 and no verdict on the winner's own row)."""
+    means = {p: mean_or_inf(v) for p, v in points.items()}
+    best = min(points, key=lambda p: means[p])
+    rows = {}
+    for p, values in points.items():
+        d = paired_difference(values, points[best])
+        rows[p] = {"seeds": len(values), "mean": means[p], "std": sample_std(values.values()),
+                   "diff_to_winner": 0.0 if p == best else d.diff, "ci_low": d.low, "ci_high": d.high,
+                   "verdict_to_winner": "" if p == best else d.verdict, "chosen": p == best}
+    return best, rows
 
 
 def within_reference(value: float, ref_mean: float, ref_std: float) -> bool | None:

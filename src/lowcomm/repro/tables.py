@@ -42,7 +42,7 @@ from lowcomm.repro.accounting import (
     param_shapes,
     state_summary,
 )
-from lowcomm.repro.stats import paired_difference, sample_std
+from lowcomm.repro.stats import against_best, paired_difference, sample_std
 from lowcomm.repro.wallclock import (
     BANDWIDTHS_GBPS,
     LATENCY_S,
@@ -331,6 +331,57 @@ def stagnation_table(results: list[RunResult], params: dict) -> dict[str, pd.Dat
     return {"table": table, "comparisons": compare_rows(runs, table, params.get("compare", []))}
 
 
+def config_setting(cfg: DictConfig, key: str) -> float | str:
+    """The value of a dotted config key in a resolved run config, the optimizer's and the sync kind's defaults filled
+    in (`optim.omega`, `sync.outer_lr`, `train.devices`); a number as a float, a word as it is."""
+    section, name = key.split(".", 1)
+    if section == "optim" and name != "name":
+        return optimizer_setting(cfg, name)
+    value = getattr(parse_sections(cfg).sync, name) if section == "sync" else OmegaConf.select(cfg, key)
+    return value if isinstance(value, str) else float(value)
+
+
+def grid_edges(table: pd.DataFrame, winner: str, settings: list[str]) -> str:
+    """The numeric settings at which the winner's value is the least or the greatest of several in `table`
+    (`sync.outer_lr high`): where the grid should be extended."""
+    row = table.set_index("label").loc[winner]
+    edges = []
+    for key in settings:
+        values = table[key]
+        if values.nunique() > 1 and pd.api.types.is_numeric_dtype(values):
+            edges += [f"{key} low"] if row[key] == values.min() else [f"{key} high"] if row[key] == values.max() else []
+    return " ".join(edges)
+
+
+def choice_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+    """The protocol's choice among settings (spec/experiments.md, v2), within each group of rows that share the
+    values of the `group` keys (e.g. optim.name and train.devices, the worker count M): per row its `settings`
+    (dotted config keys), the mean and
+    spread of its final loss over seeds and the paired difference to the group's best mean (stats.against_best);
+    `chosen` marks the winner, whose row also names the rows whose interval to it contains 0 (`tie`) and the
+    settings at which it lies on an edge of the group's grid (`edge`)."""
+    runs = per_run_frame(results)
+    settings, group_keys = list(params["settings"]), list(params.get("group", []))
+    keys = [*settings, *group_keys]
+    for key in keys:
+        runs[key] = [config_setting(r.config, key) for r in results]
+    table = summarize(runs)
+    for key in keys:
+        table[key] = runs.groupby("label", sort=False)[key].first().values
+    groups = table.groupby(group_keys, sort=False) if group_keys else [(None, table)]
+    ranked, ties, edges = {}, {}, {}
+    for _, group in groups:
+        best, rows = against_best({label: per_seed(runs, label, "final_val_loss") for label in group["label"]})
+        ranked.update(rows)
+        ties[best] = " ".join(label for label, row in rows.items() if label != best and row["ci_low"] <= 0 <= row["ci_high"])
+        edges[best] = grid_edges(group, best, settings)
+    ranked = pd.DataFrame([ranked[label] for label in table["label"]]).drop(columns=["seeds"])
+    table = pd.concat([table, ranked], axis=1)
+    table["tie"] = table["label"].map(ties).fillna("")
+    table["edge"] = table["label"].map(edges).fillna("")
+    return {"table": table}
+
+
 def sweep_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
     """Loss per run label and sweep value; the `compare` pairs of run labels at every sweep value."""
     runs = per_run_frame(results)
@@ -570,6 +621,7 @@ KINDS: dict[str, Callable[[list[RunResult], dict], dict[str, pd.DataFrame]]] = {
     "horizon": horizon_table,
     "emulated_network": emulated_network_table,
     "stability": stability_table,
+    "choice": choice_table,
 }
 
 # Columns of table.md per kind (table.csv keeps every column); an entry ending in "/" shows every column it prefixes.
@@ -590,6 +642,9 @@ SHOWN = {
     "beta": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"],
     "horizon": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "ddp_steps_to_final"],
     "stability": ["label", "seeds", "final_val_loss", "final_val_loss_std", "balance"],
+    "choice": ["label", "optim.name", "train.devices", "sync.outer_lr", "sync.outer_momentum", "optim.lr", "optim.omega",
+               "optim.qh_scale", "optim.qh_denominator", "seeds", "mean", "std", "diff_to_winner", "ci_low", "ci_high",
+               "chosen", "tie", "edge"],
     "emulated_network": ["label", "link_rate_mbit", "link_rate_measured_mbit", "seeds", "final_val_loss",
                          "bytes_per_step/total", "collectives_per_step", "compute_run_s", "compute_s",
                          "step_time_measured_s", "step_time_modeled_s", "step_time_ratio", "target_loss",

@@ -25,7 +25,7 @@ import yaml
 from lowcomm.config import ConfigError, method_preset
 from lowcomm.optim import OPTIMIZERS
 from lowcomm.paths import TUNED_FILE
-from lowcomm.repro.stats import paired_difference, sample_std
+from lowcomm.repro.stats import against_best
 from lowcomm.repro.tables import stored_runs
 
 SWEEP = "lr_sweep"
@@ -92,29 +92,21 @@ def stage_points(stage_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def mean_loss(losses: pd.Series) -> float:
-    """The mean final loss over seeds; +inf when any seed diverged."""
-    return math.inf if not losses.map(math.isfinite).all() else float(losses.mean())
-
-
 def choose(points: pd.DataFrame) -> pd.DataFrame:
     """The protocol's choice for one method's grid at one horizon, one row per grid point (in lr order): seeds, mean
-    and spread of the final loss, the paired difference to the winner with its interval and verdict, and on every
-    row the choice: `chosen` marks the winner (best mean), `edge` whether it lies on an edge of the grid (`add`: the
-    point to add beyond it), `tie` the neighbouring lrs whose interval to the winner contains 0."""
-    by_lr = {lr: group.set_index("seed")["final_val_loss"] for lr, group in points.groupby("lr")}
+    and spread of the final loss, the paired difference to the winner with its interval and verdict
+    (stats.against_best), and on every row the choice: `chosen` marks the winner (best mean), `edge` whether it lies
+    on an edge of the grid (`add`: the point to add beyond it), `tie` the neighbouring lrs whose interval to the
+    winner contains 0."""
+    by_lr = {lr: dict(zip(group["seed"], group["final_val_loss"])) for lr, group in points.groupby("lr")}
     lrs = sorted(by_lr)
-    means = {lr: mean_loss(losses) for lr, losses in by_lr.items()}
-    best = min(lrs, key=lambda lr: means[lr])
+    best, ranked = against_best({lr: by_lr[lr] for lr in lrs})
     edge = "low" if best == lrs[0] and len(lrs) > 1 else "high" if best == lrs[-1] and len(lrs) > 1 else ""
     rows = []
     for lr in lrs:
-        d = paired_difference(by_lr[lr].to_dict(), by_lr[best].to_dict())
         group = points[points["lr"] == lr]
-        rows.append({"lr": lr, "seeds": len(by_lr[lr]), "mean": means[lr], "std": sample_std(by_lr[lr]),
-                     "diff_to_winner": d.diff if lr != best else 0.0, "ci_low": d.low, "ci_high": d.high,
-                     "verdict_to_winner": d.verdict if lr != best else "", "chosen": lr == best,
-                     "runs": " ".join(group["run"]), "commits": " ".join(sorted(set(group["commit"])))})
+        rows.append({"lr": lr, **ranked[lr], "runs": " ".join(group["run"]),
+                     "commits": " ".join(sorted(set(group["commit"])))})
     table = pd.DataFrame(rows)
     i = lrs.index(best)
     neighbours = table.iloc[[j for j in (i - 1, i + 1) if 0 <= j < len(lrs)]]
