@@ -66,6 +66,7 @@ class RunSection:
     checkpoint_every: int = 0  # steps between per-rank checkpoints, taken at sync points (0: none)
     resume_from: str | None = None  # a checkpoint path (checkpoints/stepNNNNNN.ckpt) to continue from
     overwrite: bool = False  # clear an existing run directory of the same name first (else it is an error)
+    loggers: list[str] = field(default_factory=lambda: ["csv"])  # csv (metrics.csv, always); tensorboard adds events
 
 
 @dataclass

@@ -33,9 +33,17 @@ def training_losses(run_dir) -> dict[int, float]:
         return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r.get("loss")}
 
 
+def tensorboard_scalars(run_dir) -> dict[str, dict[int, float]]:
+    """Every scalar of the run's TensorBoard event files: tag -> {step: value}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard")).Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_method_learns_and_keeps_replicas_identical(tmp_path, method):
-    record = run_method(tmp_path, method)
+    record = run_method(tmp_path, method, ["run.loggers=[csv,tensorboard]"] if method == "lordo" else [])
     assert record["replicas_identical"] is True
     assert record["final_val_loss"] < record["initial_val_loss"]
     assert record["bytes_per_step/total"] > 0
@@ -45,6 +53,10 @@ def test_method_learns_and_keeps_replicas_identical(tmp_path, method):
         assert sorted(angles) == [8, 16] and max(angles.values()) < 1e-2, angles
     elif method == "lordo":  # the full-rank term moves it
         assert sorted(angles) == [8, 16] and min(angles.values()) > 0.1, angles
+        scalars = tensorboard_scalars(tmp_path / method)  # metrics.csv's rows, as TensorBoard events
+        assert scalars["subspace/max_angle"] == pytest.approx(angles)
+        assert {"loss", "lr", "val_loss", "comm/step_bytes", "update_rms/full"} <= set(scalars)
+        assert sorted(scalars["loss"]) == [8, 16] and sorted(scalars["val_loss"]) == [8, 16]
     elif method == "lordo_orth_dion":  # Q from Delta at every sync
         assert sorted(angles) == [8, 16], angles
     if method in ("orth_dion_local", "lordo_orth_dion"):  # Orth-Dion without per-step communication

@@ -109,6 +109,8 @@ def test_cli_reports_bad_input_in_one_line(capsys):
     ("method=lordo optim.rank=0", "^optim.rank=0 is invalid"),
     ("method=dion optim.rank_fraction=2", "^optim.rank_fraction=2 must lie in"),
     ("run.name=../up", "run.name='../up' must be a plain directory name"),
+    ("run.loggers=[tensorboard]", r"^run.loggers=\['tensorboard'\]: use csv, optionally with tensorboard"),
+    ("run.loggers=[csv,wandb]", r"^run.loggers=\['csv', 'wandb'\]"),
 ])
 def test_bad_settings_are_one_line_errors_naming_the_key(override, message, monkeypatch):
     for launcher_variable in ("LOCAL_RANK", "GROUP_RANK", "SLURM_NTASKS"):

@@ -109,12 +109,36 @@ def validate(cfg: DictConfig) -> Sections:
     if t.precision not in PRECISIONS:
         raise ConfigError(f"train.precision={t.precision!r} is not supported: use one of {list(PRECISIONS)}")
     check_launch(cfg)
+    check_loggers(cfg)
     name = cfg.run.name
     if name is not None and (not name or "/" in name or name in (".", "..")):
         raise ConfigError(f"run.name={name!r} must be a plain directory name (no '/'), created under run.out_dir")
     if cfg.run.resume_from:
         check_resume(cfg)
     return sections
+
+
+LOGGERS = ("csv", "tensorboard")
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """run.loggers: csv (metrics.csv, which tables, resumes and the record read) and optionally tensorboard."""
+    loggers = list(cfg.run.loggers)
+    if "csv" not in loggers or set(loggers) - set(LOGGERS):
+        raise ConfigError(f"run.loggers={loggers}: use csv, optionally with tensorboard ([csv,tensorboard]); "
+                          "metrics.csv is always written")
+    if "tensorboard" in loggers:
+        require_package("tensorboard", "pip install tensorboard==2.21.0")
+
+
+def metric_loggers(cfg: DictConfig, run_dir: Path) -> list:
+    """Lightning loggers beside metrics.csv: TensorBoard's event files in <run_dir>/tensorboard/ with run.loggers
+    naming tensorboard (`tensorboard --logdir <run_dir>`)."""
+    if "tensorboard" not in cfg.run.loggers:
+        return []
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return [TensorBoardLogger(save_dir=run_dir, name="tensorboard", version="", default_hp_metric=False)]
 
 
 def replaced_optimizer_hint(cfg: DictConfig) -> str:
@@ -254,7 +278,7 @@ def train(cfg: DictConfig) -> Path:
         strategy=build_strategy(cfg, sections.sync),
         precision=t.precision,
         max_steps=t.steps,
-        logger=False,
+        logger=metric_loggers(cfg, run_dir) or False,
         enable_checkpointing=False,
         enable_progress_bar=t.progress_bar,
         callbacks=[TQDMProgressBar()] if t.progress_bar else [],  # tqdm's bar, whether or not rich is installed

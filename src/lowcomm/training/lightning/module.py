@@ -195,6 +195,8 @@ class LanguageModelTask(L.LightningModule):
         self.log("val_loss", self.val_history[-1][1], prog_bar=True, logger=False, rank_zero_only=True)
         if row and self.run is not None:
             self.run.log({"step": step, **row})
+            for logger in self.loggers:  # TensorBoard (run.loggers): the same row
+                logger.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))}, step)
             if not t.progress_bar and "loss" in row:
                 self.print_progress(step, loss, row["tokens_per_s"])
         if not diverged:
