@@ -12,6 +12,8 @@ from lowcomm import data
 from lowcomm.config import ConfigError, load_config
 from lowcomm.data import DataUnavailable
 from lowcomm.repro import experiment
+from lowcomm.training import run_dir as run_dir_module
+from lowcomm.training.lightning.module import LanguageModelTask
 from lowcomm.training.run_dir import RunDirectory
 from lowcomm.training.train import check_environment, main, train, validate
 from lowcomm.training.validation import check_devices
@@ -45,6 +47,22 @@ def test_one_worker_trains_in_this_process_and_leaves_it_as_it_was(tmp_path):
     assert record["status"] == "complete" and record["world_size"] == 1
     assert dict(os.environ) == environ and signal.getsignal(signal.SIGINT) is handler
     assert not torch.distributed.is_initialized()
+
+
+def test_the_record_names_the_commit_the_run_started_from(tmp_path, monkeypatch):
+    """A checkout that moves on while a run trains (a long sweep beside development) does not rename the run's code."""
+    head = {"commit": "the start"}
+    monkeypatch.setattr(run_dir_module, "git_commit", lambda root=None: head["commit"])
+    started = LanguageModelTask.on_train_start
+
+    def move_on(task):
+        started(task)
+        head["commit"] = "a later commit"
+    monkeypatch.setattr(LanguageModelTask, "on_train_start", move_on)
+    cfg = load_config(None, SMOKE + ["train.devices=1", "train.steps=6", "train.val_every=6",
+                                     f"run.out_dir={tmp_path}", "run.name=provenance"])
+    record = json.loads((train(cfg) / "record.json").read_text())
+    assert record["git_commit"] == "the start"
 
 
 def test_progress_bar_shows_the_latest_validation_loss(tmp_path, capfd):

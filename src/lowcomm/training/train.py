@@ -210,9 +210,10 @@ def ended(outcome: dict, cfg: DictConfig, run_dir: Path) -> RunEnded:
                     128 + signal.Signals[outcome["signal"]])
 
 
-def failed(cfg: DictConfig, run_dir: Path, failures: dict[int, str], received: int | None) -> RunEnded:
+def failed(cfg: DictConfig, run_dir: Path, failures: dict[int, str], received: int | None,
+           provenance: dict) -> RunEnded:
     """A run whose workers failed (or were killed after an interrupt): record it (rank 0) and say so in one line."""
-    from lowcomm.training.run_dir import RunDirectory, environment, last_checkpoint
+    from lowcomm.training.run_dir import RunDirectory, last_checkpoint
 
     world = cfg.train.devices * cfg.train.num_nodes
     checkpoint = str(last_checkpoint(run_dir, world) or cfg.run.resume_from or "") or None
@@ -221,7 +222,7 @@ def failed(cfg: DictConfig, run_dir: Path, failures: dict[int, str], received: i
     if int(os.environ.get("RANK", "0")) == 0:
         extra = {"signal": signal.Signals(received).name} if received else {}
         RunDirectory(run_dir).write_record({"status": status, "failure": what, "last_checkpoint": checkpoint,
-                                            "world_size": world, **extra, **environment(cfg.train.accelerator)})
+                                            "world_size": world, **extra, **provenance})
     if received:
         return RunEnded(f"interrupted by {signal.Signals(received).name}; {what}; {resume_hint(checkpoint)}",
                         128 + received)
@@ -244,8 +245,9 @@ def train(cfg: DictConfig) -> Path:
         start_worker_server()  # its imports overlap with this function's until the workers start
     sections = validate(cfg)
     check_environment(cfg)
-    from lowcomm.training.run_dir import RunDirectory
+    from lowcomm.training.run_dir import RunDirectory, environment
 
+    provenance = environment(cfg.train.accelerator)  # the code this run starts from (its workers import it now)
     run_dir = Path(cfg.run.out_dir) / run_name(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         RunDirectory(run_dir).check_free(cfg.run.overwrite)  # before the corpus is read
@@ -269,7 +271,7 @@ def train(cfg: DictConfig) -> Path:
     if int(os.environ.get("RANK", "0")) == 0:
         RunDirectory(run_dir).create(cfg, overwrite=cfg.run.overwrite)
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-    task = LanguageModelTask(cfg, sections, str(run_dir), offline_tokens)
+    task = LanguageModelTask(cfg, sections, provenance, str(run_dir), offline_tokens)
     t = cfg.train
     trainer = L.Trainer(
         accelerator=t.accelerator,
@@ -290,13 +292,14 @@ def train(cfg: DictConfig) -> Path:
     try:
         trainer.fit(task, ckpt_path=cfg.run.resume_from)
     except WorkerFailed as failure:  # workers started here: the parent names the rank
-        raise failed(cfg, run_dir, failure.failures, failure.signal) from None
+        raise failed(cfg, run_dir, failure.failures, failure.signal, provenance) from None
     except Exception as err:  # a process started by torchrun / SLURM: its own collective failed
         if not is_collective_failure(err):
             raise
         rank = int(os.environ.get("RANK", "0"))
         raise failed(cfg, run_dir, {rank: f"had a collective fail ({collective_error(err)}): another worker "
-                                          f"died or did not answer within train.collective_timeout_s"}, None) from None
+                                          f"died or did not answer within train.collective_timeout_s"}, None,
+                     provenance) from None
     finally:  # a run inside a longer-lived process leaves its environment as it found it
         os.environ.clear()
         os.environ.update(environ)

@@ -27,7 +27,7 @@ from lowcomm.model import Transformer, model_config_from
 from lowcomm.optim.registry import build_from_options
 from lowcomm.schedule import lr_lambda
 from lowcomm.training.lightning.stopping import SignalFlag, Stop, agree_on_stop
-from lowcomm.training.run_dir import RunDirectory, checkpoint_path, environment, last_checkpoint
+from lowcomm.training.run_dir import RunDirectory, checkpoint_path, last_checkpoint
 
 
 def perplexity(loss: float) -> float:
@@ -59,11 +59,12 @@ class LanguageModelTask(L.LightningModule):
     offline corpus's (train, validation) token streams, read once by the launching process and shared with its
     workers."""
 
-    def __init__(self, cfg: DictConfig, sections: Sections, run_dir: str | None = None,
+    def __init__(self, cfg: DictConfig, sections: Sections, provenance: dict, run_dir: str | None = None,
                  offline_tokens: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         self.cfg = cfg
         self.sections = sections  # cfg's optim and sync sections, parsed (lowcomm.config.parse_sections)
+        self.provenance = provenance  # run_dir.environment() as the run started: commit, versions, device
         self.run_dir = run_dir
         self.offline_tokens = offline_tokens
         self.run: RunDirectory | None = None  # rank 0 only, created in setup()
@@ -232,7 +233,7 @@ class LanguageModelTask(L.LightningModule):
             torch.save({"model": self.model.state_dict(), "model_config": self.model.cfg}, self.run.path / "model.pt")
         self.run.write_record({
             **self.outcome,
-            **environment(self.cfg.train.accelerator),
+            **self.provenance,
             "world_size": self.trainer.world_size,
             "initial_val_loss": self.val_history[0][1],
             "initial_val_ppl": perplexity(self.val_history[0][1]),
