@@ -142,6 +142,7 @@ def test_a_killed_worker_ends_the_run_and_its_checkpoint_resumes_it_exactly(tmp_
     message = err.strip().splitlines()[-1]
     assert proc.returncode == 1, err[-3000:]
     assert message.startswith("error: worker rank 1 was killed by SIGKILL") and record["last_checkpoint"] in message
+    assert "out of memory" in message and "leaked semaphore" not in err and "Warning" not in err, err[-3000:]
     assert record["status"] == "failed"
     assert_no_process_left(processes)
 

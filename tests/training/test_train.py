@@ -11,9 +11,11 @@ from support import SMOKE
 from lowcomm import data
 from lowcomm.config import ConfigError, load_config
 from lowcomm.data import DataUnavailable
+from lowcomm.model import model_config
 from lowcomm.repro import experiment
 from lowcomm.training import run_dir as run_dir_module
 from lowcomm.training.lightning.module import LanguageModelTask
+from lowcomm.training.memory import check_memory
 from lowcomm.training.run_dir import RunDirectory
 from lowcomm.training.train import check_environment, main, train, validate
 from lowcomm.training.validation import check_devices
@@ -136,6 +138,23 @@ def test_bad_settings_are_one_line_errors_naming_the_key(override, message, monk
     with pytest.raises(ConfigError, match=message) as err:
         validate(load_config(None, SMOKE + override.split()))
     assert "\n" not in str(err.value) and "param group" not in str(err.value)
+
+
+def test_a_batch_that_cannot_fit_fails_in_one_line_naming_the_batch_size():
+    """The estimate (lowcomm.training.memory) against 8 GB: the default run fits, 100,000 sequences per worker do not,
+    and the largest batch the message names fits."""
+    have = 8 * 2**30
+    check_memory(load_config(None, []), model_config("cpu"), have)
+    cfg = load_config(None, ["data.batch_size=100000"])
+    with pytest.raises(ConfigError, match=r"^data.batch_size=100000: 4 worker\(s\) need about [\d,.]+ GB \(model cpu, "
+                                          r"1,311,872 parameters: .*but 8.0 GB is available: lower data.batch_size "
+                                          r"\(at most about ([\d,]+) fits\) or train.devices$") as err:
+        check_memory(cfg, model_config("cpu"), have)
+    fits = int(re.search(r"at most about ([\d,]+) fits", str(err.value))[1].replace(",", ""))
+    assert fits > 8
+    check_memory(load_config(None, [f"data.batch_size={fits}"]), model_config("cpu"), have)
+    with pytest.raises(ConfigError):
+        check_memory(load_config(None, [f"data.batch_size={fits + 1}"]), model_config("cpu"), have)
 
 
 def test_gpu_without_a_gpu_is_an_error_before_start(monkeypatch):

@@ -29,6 +29,7 @@ from lowcomm.distributed.sync import check_optimizer
 from lowcomm.model import Transformer, model_config_from
 from lowcomm.optim.registry import build_from_options
 from lowcomm.quiet import quiet_libraries
+from lowcomm.training.memory import check_memory
 from lowcomm.training.validation import (
     check_devices,
     check_hub,
@@ -154,8 +155,10 @@ def replaced_optimizer_hint(cfg: DictConfig) -> str:
 
 def check_environment(cfg: DictConfig) -> None:
     """What a config needs of this machine, checked before training starts (not by `validate`, which also builds
-    paper presets on machines without them): the GPUs it asks for, and the hub for the SmolLM corpus."""
+    paper presets on machines without them): the GPUs it asks for, the memory its workers need, and the hub for the
+    SmolLM corpus."""
     check_devices(cfg)
+    check_memory(cfg, model_config_from(cfg.model))
     if cfg.data.corpus == "smollm":
         check_hub(cfg)
 

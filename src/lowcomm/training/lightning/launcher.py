@@ -57,6 +57,9 @@ def collective_error(err: BaseException) -> str:
 def exit_description(exitcode: int | None) -> str:
     if exitcode is None:
         return "stopped responding (its peers' collectives failed or timed out)"
+    if exitcode == -signal.SIGKILL:
+        return ("was killed by SIGKILL (likely out of memory: the kernel's OOM killer sends SIGKILL; lower "
+                "data.batch_size or train.devices)")
     if exitcode < 0:
         return f"was killed by {signal.Signals(-exitcode).name}"
     return f"exited with status {exitcode}"

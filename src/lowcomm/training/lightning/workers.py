@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import warnings
 
-WORKER_MODULES = ["lowcomm.training.train", "lowcomm.training.lightning.module", "lowcomm.training.lightning.strategy"]
+# the first preloaded module: a worker forked from the server then inherits this filter when multiprocessing runs
+# the parent's main module (lowcomm.training.train, already imported there) as __mp_main__, which runpy warns of
+warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning)
+WORKER_MODULES = ["lowcomm.training.lightning.workers", "lowcomm.training.train", "lowcomm.training.lightning.module",
+                  "lowcomm.training.lightning.strategy"]
 
 
 def start_worker_server() -> None:
