@@ -2,8 +2,10 @@
 diverging loss."""
 
 import csv
+import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import pytest
 from support import SMOKE
 
 from lowcomm.config import load_config
-from lowcomm.training.train import main, train, validate
+from lowcomm.training.train import RunEnded, main, train, validate
 
 pytestmark = pytest.mark.slow  # trains with several worker processes
 
@@ -167,3 +169,36 @@ def test_a_nonfinite_loss_stops_the_run_with_a_diverged_record(tmp_path, capsys)
     assert record["status"] == "diverged" and record["stopped_at_step"] < 30
     assert f"not finite at step {record['stopped_at_step']}" in message and "lower optim.lr" in message
     assert not (tmp_path / "run" / "model.pt").exists()
+
+
+def test_a_full_disk_ends_the_run_in_one_line_and_its_last_checkpoint_resumes_it(tmp_path, monkeypatch):
+    """The checkpoint of step 8 runs out of space halfway (ENOSPC, injected): its temporary file goes, every rank stops
+    at the next step boundary, the record says failed and why, and the checkpoint of step 4 resumes the run."""
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    write = TorchCheckpointIO.save_checkpoint
+
+    def full_at_step_8(self, checkpoint, path, storage_options=None):
+        if "step000008" in str(path):
+            Path(path).write_bytes(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return write(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(TorchCheckpointIO, "save_checkpoint", full_at_step_8)
+    common = SMOKE + ["train.devices=1", "train.steps=16", "train.val_every=8", "train.log_every=4",
+                      "run.checkpoint_every=4", f"run.out_dir={tmp_path}"]
+    with pytest.raises(RunEnded) as ended:
+        train(load_config(None, common + ["run.name=full"]))
+    run = tmp_path / "full"
+    assert ended.value.exit_code == 1
+    assert re.fullmatch(rf"rank 0 could not write: no space left on device writing {run}/checkpoints/step000008.rank0.ckpt "
+                        rf"\([\d,]+ bytes needed\); the run stopped after step 9 \(free space, then last checkpoint "
+                        rf"{run}/checkpoints/step000004.ckpt .*\); record {run}/record.json", str(ended.value))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step000004.rank0.ckpt"]
+    record = strict_json(run / "record.json")
+    assert record["status"] == "failed" and "step000008.rank0.ckpt" in record["failure"]
+    assert not (run / "model.pt").exists()
+    monkeypatch.setattr(TorchCheckpointIO, "save_checkpoint", write)  # space is back
+    resumed = train(load_config(None, common + ["run.name=resumed", f"run.resume_from={record['last_checkpoint']}"]))
+    assert strict_json(resumed / "record.json")["status"] == "complete"
+    assert losses(resumed)[8] == pytest.approx(losses(run)[8], abs=1e-6)

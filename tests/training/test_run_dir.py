@@ -1,5 +1,6 @@
 """Run directories and records: one run per directory, record.json written last, atomically, as strict JSON."""
 
+import errno
 import json
 import subprocess
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 from lowcomm.config import ConfigError, load_config
 from lowcomm.training import run_dir as results
 from lowcomm.training.run_dir import (
+    NoSpace,
     RunDirectory,
     checkpoint_path,
     completed_record,
@@ -48,18 +50,49 @@ def test_record_is_strict_json_with_nonfinite_numbers_as_null(tmp_path):
 
 
 def test_record_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A record that does not fit leaves the previous one, no temporary file, and NoSpace naming path and bytes."""
     run = RunDirectory(tmp_path)
     run.write_record({"status": "interrupted", "steps": 8})
 
-    def fail_midway(obj, f, **kwargs):
-        f.write('{"status": "comp')
-        raise OSError("disk full")
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(results.json, "dump", fail_midway)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(results.os, "fsync", full)
+    with pytest.raises(NoSpace, match=rf"^no space left on device writing {tmp_path}/record.json \([\d,]+ bytes needed\)$"):
         run.write_record({"status": "complete", "steps": 16})
     assert json.loads((tmp_path / "record.json").read_text()) == {"status": "interrupted", "steps": 8,
                                                                   "wall_time_s": pytest.approx(0, abs=60)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
+
+
+def test_a_metrics_row_that_does_not_fit_is_taken_back(tmp_path, monkeypatch):
+    run = RunDirectory(tmp_path)
+    run.log({"step": 0, "val_loss": 8.0})
+    run.log({"step": 8, "val_loss": 7.0})
+    real_open = open
+
+    class HalfWrite:  # the file of `open`, whose writes stop halfway for lack of space
+        def __init__(self, *args, **kwargs):
+            self.f = real_open(*args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[: len(text) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(results, "open", HalfWrite, raising=False)
+    with pytest.raises(NoSpace, match="metrics.csv"):
+        run.log({"step": 16, "val_loss": 6.0})
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == ["step,val_loss", "0,8.0", "8,7.0"]
 
 
 def test_only_a_complete_record_counts_as_a_finished_run(tmp_path):

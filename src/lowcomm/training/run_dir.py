@@ -7,6 +7,8 @@ loss) or failed (a worker died or stopped responding).
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import json
 import math
 import os
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -24,6 +27,40 @@ from lowcomm.config import ConfigError
 from lowcomm.paths import ROOT
 
 STATUSES = ("complete", "interrupted", "diverged", "failed")
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a write that failed for lack of disk space (or quota)
+
+
+class NoSpace(Exception):
+    """A write that failed for lack of disk space, with what it needed; its temporary file is already removed."""
+
+    def __init__(self, path: Path, needed: int):
+        super().__init__(f"no space left on device writing {path} ({needed:,} bytes needed)")
+        self.path, self.needed = Path(path), needed
+
+
+def write_atomically(path: Path, needed: int, write: Callable[[Path], None]) -> None:
+    """write(tmp), then rename tmp to `path`, so a file of that name is always whole; a write that fails for lack of
+    space removes tmp and raises NoSpace(path, needed)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.errno in SPACE_ERRNOS:
+            raise NoSpace(path, needed) from None
+        raise
+
+
+def tensor_bytes(tree) -> int:
+    """Bytes of every tensor in a nested dict / list (what a checkpoint or state dict needs on disk, roughly)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(tensor_bytes(v) for v in tree)
+    return 0
 
 
 def git_changes(root: Path = ROOT) -> list[str]:
@@ -108,43 +145,64 @@ class RunDirectory:
                               f"({err.strerror or err}): choose a writable run.out_dir") from None
 
     def log(self, row: dict) -> None:
-        """Append a metrics row; the CSV is rewritten when a new column appears."""
+        """Append a metrics row; the CSV is rewritten (whole, renamed into place) when a new column appears. A row
+        that does not fit on the disk is taken back (NoSpace), so the file stays a complete CSV."""
         self._rows.append(row)
         columns = list(dict.fromkeys([*(self._columns or []), *row]))
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=columns)
         if columns != self._columns:
+            writer.writeheader()
+            writer.writerows(self._rows)
+            write_atomically(self.metrics_path, len(text.getvalue()), lambda tmp: tmp.write_text(text.getvalue()))
             self._columns = columns
-            with open(self.metrics_path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=columns)
-                writer.writeheader()
-                writer.writerows(self._rows)
-        else:
-            with open(self.metrics_path, "a", newline="") as f:
-                csv.DictWriter(f, fieldnames=columns).writerow(row)
+            return
+        writer.writerow(row)
+        with open(self.metrics_path, "a", newline="") as f:
+            end = f.tell()
+            try:
+                f.write(text.getvalue())
+                f.flush()
+            except OSError as err:
+                f.truncate(end)
+                if err.errno in SPACE_ERRNOS:
+                    raise NoSpace(self.metrics_path, len(text.getvalue())) from None
+                raise
 
     def write_record(self, record: dict) -> None:
         """record.json, the run's last file: strict JSON (non-finite numbers as null), written to a temporary
         file and renamed into place, so that a reader sees the whole record or none."""
         if record.get("status") not in STATUSES:
             raise ValueError(f"record status {record.get('status')!r}: use one of {STATUSES}")
-        record = finite_or_null({**record, "wall_time_s": time.time() - self.started})
-        tmp = self.path / f".record.json.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=2, sort_keys=True, allow_nan=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / "record.json")
+        text = json.dumps(finite_or_null({**record, "wall_time_s": time.time() - self.started}), indent=2,
+                          sort_keys=True, allow_nan=False)
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        write_atomically(self.path / "record.json", len(text), write)
+
+    def write_model(self, model: torch.nn.Module) -> None:
+        """model.pt: the weights and the ModelConfig (lowcomm.eval.evaluate.load_run), whole or not at all."""
+        state = {"model": model.state_dict(), "model_config": model.cfg}
+        write_atomically(self.path / "model.pt", tensor_bytes(state), lambda tmp: torch.save(state, tmp))
 
 
 def read_record(path: str | Path) -> dict:
-    with open(Path(path) / "record.json") as f:
-        return json.load(f)
+    """The record.json of the run directory `path`; a lowcomm.stored.StoredFileError when it is missing or not JSON."""
+    from lowcomm.stored import RERUN, read_json
+
+    return read_json(Path(path) / "record.json", RERUN)
 
 
 def completed_record(run_dir: str | Path) -> dict | None:
-    """The run's record when it says `status: complete`, else None (no record, or one of an unfinished run)."""
+    """The run's record when it says `status: complete`, else None (no record, one that cannot be read, or one of an
+    unfinished run)."""
     try:
         record = read_record(run_dir)
-    except (OSError, ValueError):
+    except ValueError:  # lowcomm.stored.StoredFileError
         return None
     return record if record.get("status") == "complete" else None
 

@@ -208,6 +208,12 @@ def ended(outcome: dict, cfg: DictConfig, run_dir: Path) -> RunEnded:
         return RunEnded(f"training diverged: the loss is not finite at step {outcome['stopped_at_step']} "
                         f"({on}): lower optim.lr (now {cfg.optim.get('lr')}) or raise train.warmup; "
                         f"{resume_hint(outcome['last_checkpoint'])}; record {record}", 1)
+    if outcome["status"] == "failed":  # a write failed for lack of disk space
+        written = outcome.get("record", f"record {record}")
+        checkpoint = outcome["last_checkpoint"]
+        then = f"free space, then {resume_hint(checkpoint)}" if checkpoint else "free space and run it again"
+        return RunEnded(f"{outcome['failure']}; the run stopped after step {outcome.get('stopped_at_step', cfg.train.steps)}"
+                        f" ({then}); {written}", 1)
     return RunEnded(f"interrupted by {outcome['signal']} after step {outcome['stopped_at_step']}; "
                     f"{resume_hint(outcome['last_checkpoint'])}; record {record}",
                     128 + signal.Signals[outcome["signal"]])

@@ -27,7 +27,7 @@ from lowcomm.model import Transformer, model_config_from
 from lowcomm.optim.registry import build_from_options
 from lowcomm.schedule import lr_lambda
 from lowcomm.training.lightning.stopping import SignalFlag, Stop, agree_on_stop
-from lowcomm.training.run_dir import RunDirectory, checkpoint_path, last_checkpoint
+from lowcomm.training.run_dir import NoSpace, RunDirectory, checkpoint_path, last_checkpoint, rank_checkpoint_file
 
 
 def perplexity(loss: float) -> float:
@@ -75,6 +75,7 @@ class LanguageModelTask(L.LightningModule):
         self._last_step = 0
         self.signals = SignalFlag()
         self.stop: Stop | None = None
+        self._checkpoint_step = 0  # the step of the last checkpoint this run wrote or tried to write
         self.outcome: dict | None = None  # how the run ended, on every rank (see on_fit_end)
 
     # ------------------------------------------------------------------ data
@@ -148,9 +149,7 @@ class LanguageModelTask(L.LightningModule):
     def on_train_start(self) -> None:
         self.signals.install()
         if not self.val_history:  # a resumed run already has its history
-            row = {"step": 0, **self._validate(0)}
-            if self.run is not None:
-                self.run.log(row)
+            self.log_row({"step": 0, **self._validate(0)})
         self._last_time = self._train_start = time.perf_counter()
         self._last_step = self._first_step = self.global_step
 
@@ -170,7 +169,29 @@ class LanguageModelTask(L.LightningModule):
         engine = self.trainer.strategy.engine
         if every and step % every == 0 and engine.is_sync_step(step):
             engine.before_checkpoint()
+            self._checkpoint_step = step
             self.trainer.save_checkpoint(checkpoint_path(self.run_dir, step))
+
+    def log_row(self, row: dict) -> None:
+        """metrics.csv (rank 0); a row that does not fit on the disk is noted, and the run stops at the next step
+        boundary (lowcomm.training.lightning.stopping)."""
+        strategy = self.trainer.strategy
+        if self.run is None or strategy.no_space is not None:
+            return
+        try:
+            self.run.log(row)
+        except NoSpace as err:
+            strategy.no_space = err
+
+    def no_space_message(self, stop: Stop) -> str:
+        """Which write failed on each rank that could not write: rank 0 knows its own; another rank writes only its
+        checkpoint file of the last checkpoint step."""
+        own = self.trainer.strategy.no_space
+        return "; ".join(
+            f"rank {rank} could not write: "
+            + str(own if rank == self.global_rank and own is not None else
+                  NoSpace(rank_checkpoint_file(checkpoint_path(self.run_dir, self._checkpoint_step), rank), needed))
+            for rank, needed in zip(stop.ranks, stop.needed))
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         """At every step boundary: stop on a signal or a non-finite loss (every rank alike), log, validate,
@@ -178,7 +199,9 @@ class LanguageModelTask(L.LightningModule):
         step = self.global_step
         t = self.cfg.train
         loss = float(outputs["loss"])
-        self.stop = agree_on_stop(self.trainer.strategy, step, self.signals.signum, loss)
+        no_space = self.trainer.strategy.no_space
+        self.stop = agree_on_stop(self.trainer.strategy, step, self.signals.signum, loss,
+                                  max(no_space.needed, 1) if no_space else 0)
         if self.stop is not None:
             self.trainer.should_stop = True
         diverged = self.stop is not None and self.stop.status == "diverged"
@@ -195,7 +218,7 @@ class LanguageModelTask(L.LightningModule):
             row.update(self._validate(step))
         self.log("val_loss", self.val_history[-1][1], prog_bar=True, logger=False, rank_zero_only=True)
         if row and self.run is not None:
-            self.run.log({"step": step, **row})
+            self.log_row({"step": step, **row})
             for logger in self.loggers:  # TensorBoard (run.loggers): the same row
                 logger.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))}, step)
             if not t.progress_bar and "loss" in row:
@@ -224,13 +247,25 @@ class LanguageModelTask(L.LightningModule):
             self.outcome.update(status=stop.status, stopped_at_step=stop.step,
                                 last_checkpoint=str(checkpoint or self.cfg.run.resume_from or "") or None)
             self.outcome.update({"signal": stop.signal, "signalled_ranks": list(stop.ranks)} if stop.signal
+                                else {"failure": self.no_space_message(stop)} if stop.status == "failed"
                                 else {"nonfinite_loss_ranks": list(stop.ranks)})
         if self.run is None:
             return
         _, final = self.val_history[-1]
         tokens = (self.global_step - self._first_step) * self.tokens_per_step
         if stop is None:
-            torch.save({"model": self.model.state_dict(), "model_config": self.model.cfg}, self.run.path / "model.pt")
+            try:
+                self.run.write_model(self.model)
+            except NoSpace as err:
+                self.outcome.update(status="failed", failure=f"rank 0 could not write: {err}",
+                                    last_checkpoint=str(last_checkpoint(self.run_dir, self.trainer.world_size)
+                                                        or self.cfg.run.resume_from or "") or None)
+        try:
+            self.write_record(final, tokens, identical)
+        except NoSpace as err:
+            self.outcome["record"] = f"not written ({err})"
+
+    def write_record(self, final: float, tokens: int, identical: bool) -> None:
         self.run.write_record({
             **self.outcome,
             **self.provenance,

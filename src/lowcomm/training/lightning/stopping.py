@@ -1,4 +1,5 @@
-"""Stopping every worker at the same step boundary: on SIGINT / SIGTERM, or when a loss is not finite."""
+"""Stopping every worker at the same step boundary: on SIGINT / SIGTERM, when a loss is not finite, or when a write
+failed for lack of disk space."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import torch
 
 @dataclass(frozen=True)
 class Stop:
-    status: str  # "interrupted" or "diverged"
+    status: str  # "interrupted", "diverged" or "failed" (a write failed for lack of space)
     step: int  # the step after which the run stops
-    ranks: tuple[int, ...]  # the ranks that received a signal / computed a non-finite loss
+    ranks: tuple[int, ...]  # the ranks that received a signal / computed a non-finite loss / could not write
     signal: str | None = None  # the signal's name, when interrupted
+    needed: tuple[int, ...] = ()  # per rank of `ranks`, the bytes its failed write needed
 
 
 class SignalFlag:
@@ -38,16 +40,20 @@ class SignalFlag:
         self.signum = self.signum or signum
 
 
-def agree_on_stop(strategy, step: int, signum: int, loss: float) -> Stop | None:
-    """Every rank's (signal received, loss not finite) gathered in one all-gather (Lightning's, not counted as
-    training communication), so that every rank takes the same decision: a non-finite loss on any rank ->
-    diverged; else a signal on any rank -> interrupted; else None."""
-    local = torch.tensor([signum, 0 if math.isfinite(loss) else 1], dtype=torch.int64, device=strategy.root_device)
-    gathered = strategy.all_gather(local).reshape(-1, 2).tolist()
-    diverged = tuple(rank for rank, (_, bad) in enumerate(gathered) if bad)
+def agree_on_stop(strategy, step: int, signum: int, loss: float, no_space_bytes: int = 0) -> Stop | None:
+    """Every rank's (signal received, loss not finite, bytes of a write that failed for lack of space) gathered in one
+    all-gather (Lightning's, not counted as training communication), so that every rank takes the same decision: a
+    non-finite loss on any rank -> diverged; else a failed write -> failed; else a signal -> interrupted; else None."""
+    local = torch.tensor([signum, 0 if math.isfinite(loss) else 1, no_space_bytes], dtype=torch.int64,
+                         device=strategy.root_device)
+    gathered = strategy.all_gather(local).reshape(-1, 3).tolist()
+    diverged = tuple(rank for rank, (_, bad, _) in enumerate(gathered) if bad)
     if diverged:
         return Stop("diverged", step, diverged)
-    signalled = tuple(rank for rank, (received, _) in enumerate(gathered) if received)
+    full = tuple(rank for rank, (_, _, needed) in enumerate(gathered) if needed)
+    if full:
+        return Stop("failed", step, full, needed=tuple(gathered[rank][2] for rank in full))
+    signalled = tuple(rank for rank, (received, _, _) in enumerate(gathered) if received)
     if signalled:
         return Stop("interrupted", step, signalled, signal.Signals(gathered[signalled[0]][0]).name)
     return None

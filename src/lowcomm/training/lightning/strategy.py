@@ -12,7 +12,6 @@ gradients are averaged inside the step; Dion's family, which averages its factor
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -27,7 +26,7 @@ from lowcomm.distributed.options import SyncOptions
 from lowcomm.distributed.sync import SyncEngine, build_sync_engine
 from lowcomm.optim.protocols import ReportsSpectralStats
 from lowcomm.training.lightning.launcher import SupervisedLauncher
-from lowcomm.training.run_dir import rank_checkpoint_file
+from lowcomm.training.run_dir import NoSpace, rank_checkpoint_file, tensor_bytes, write_atomically
 
 
 @dataclass
@@ -56,6 +55,7 @@ class SyncStrategy(DDPStrategy):
         self.engine: SyncEngine | None = None
         self.clip_since_log = ClipCounter()
         self.clip_total = ClipCounter()
+        self.no_space: NoSpace | None = None  # this rank's first write that failed for lack of disk space
 
     def _configure_launcher(self) -> None:
         """Workers this process starts run under the SupervisedLauncher (signals forwarded, a failed worker ends the
@@ -97,10 +97,12 @@ class SyncStrategy(DDPStrategy):
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
         """This rank's file, written under a temporary name and renamed: a file of that name is always whole."""
         checkpoint["sync_engine"] = self.engine.state_dict()
-        path = self.rank_path(filepath)
-        tmp = path.with_name(f".{path.name}.tmp")
-        self.checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
-        os.replace(tmp, path)
+        try:
+            write_atomically(self.rank_path(filepath), tensor_bytes(checkpoint),
+                             lambda tmp: self.checkpoint_io.save_checkpoint(checkpoint, tmp,
+                                                                            storage_options=storage_options))
+        except NoSpace as err:  # noted, not raised: every rank still meets the barrier that follows a checkpoint
+            self.no_space = self.no_space or err
 
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         checkpoint = self.checkpoint_io.load_checkpoint(self.rank_path(checkpoint_path), weights_only=False)
