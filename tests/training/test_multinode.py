@@ -14,6 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 from support import SMOKE
 
+from lowcomm.training.validation import started_by_launcher
+
 pytestmark = pytest.mark.slow  # trains with several worker processes
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -57,3 +59,17 @@ def test_readme_torchrun_command_trains_two_nodes_on_one_machine(tmp_path):
     assert record["status"] == "complete" and record["world_size"] == 2 and record["steps"] == 16
     assert record["replicas_identical"] is True
     assert record["final_val_loss"] < record["initial_val_loss"]
+
+
+@pytest.mark.parametrize("environ", [{}, {"TORCHELASTIC_RUN_ID": "1"}, {"SLURM_NTASKS": "2"},
+                                     {"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "interactive"},
+                                     {"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "train"}])
+def test_launcher_detection_agrees_with_lightnings(environ, monkeypatch):
+    """The validation path detects torchrun and srun without importing Lightning, as Lightning itself does."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+    for key in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_NAME"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    assert started_by_launcher() == (TorchElasticEnvironment.detect() or SLURMEnvironment.detect())

@@ -41,16 +41,20 @@ def check_devices(cfg: DictConfig) -> None:
                           f"set train.devices <= {torch.cuda.device_count()}")
 
 
+def started_by_launcher() -> bool:
+    """Whether torchrun or SLURM's srun started this process, detected as Lightning's TorchElasticEnvironment and
+    SLURMEnvironment detect it (without importing Lightning): torch's is_torchelastic_launched, or SLURM_NTASKS set
+    with a job name other than bash / interactive."""
+    torchrun = torch.distributed.is_available() and torch.distributed.is_torchelastic_launched()
+    srun = "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+    return torchrun or srun
+
+
 def check_launch(cfg: DictConfig) -> None:
     """Several nodes need a launcher (torchrun or SLURM) that started this process with the matching world size;
     every node must name the same run directory."""
-    from lightning.fabric.plugins.environments import (
-        SLURMEnvironment,
-        TorchElasticEnvironment,
-    )
-
     t = cfg.train
-    launched = TorchElasticEnvironment.detect() or SLURMEnvironment.detect()
+    launched = started_by_launcher()
     if t.num_nodes > 1 and not launched and not t.link_rate_mbit:  # link_rate_mbit: the emulated network starts them
         raise ConfigError(f"train.num_nodes={t.num_nodes} needs one process per device on every node, started by "
                           "torchrun or SLURM (see the README, 'On a GPU box and on several nodes'); without them "
