@@ -189,6 +189,26 @@ def test_update_rms_per_matrix_matches_each_applied_term():
         assert rms[term] == pytest.approx(weighted ** 0.5, rel=1e-5)
 
 
+def test_unmeasured_steps_take_the_same_step_and_keep_the_last_measured_rms():
+    """Without measure_update_rms a step skips the norms only: the weights equal a measuring twin's, and
+    last_update_rms stays that of the last measured step until the next one is measured."""
+    Ws = [torch.randn(6, 9, generator=gen(40)).requires_grad_() for _ in range(2)]
+    Ws[1].data.copy_(Ws[0].detach())
+    opts = [matrix_optimizer(W, 2, lr=0.01, omega=0.7) for W in Ws]
+    for opt, W in zip(opts, Ws):
+        opt.set_basis(W, orthonormal(6, 2, seed=41))
+    history = []
+    for i in range(3):
+        opts[1].measure_update_rms = i != 1
+        G = torch.randn(6, 9, generator=gen(42 + i))
+        for opt, W in zip(opts, Ws):
+            step_with(opt, [W], [G.clone()])
+        assert torch.equal(Ws[0].detach(), Ws[1].detach())
+        history.append(opts[0].last_update_rms())
+        assert opts[1].last_update_rms() == history[i if i != 1 else 0]
+    assert history[1] != history[0]
+
+
 # ------------------------------------------------------------------------ error feedback and the hook
 @pytest.mark.parametrize("shape", [(6, 9), (9, 6)])
 def test_error_feedback_identity_in_the_optimizer(shape):

@@ -97,8 +97,10 @@ class LowRankAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self._adamw = AdamWPart(self)
         self.projected_gradient_hook: ProjectedGradientHook | None = None
-        # per low-rank matrix of the last step: (name, numel, ||(1 - omega) full||^2 or None at omega = 1, ||omega low||^2)
+        # per low-rank matrix of the last measured step: (name, numel, ||(1 - omega) full||^2 or None at omega = 1,
+        # ||omega low||^2)
         self._last_terms: list[tuple[str, int, torch.Tensor | None, torch.Tensor]] | None = None
+        self.measure_update_rms = True  # False: the next steps skip the norms (a trainer reads them on log steps only)
 
     # ----------------------------------------------------------------------------------- validation
     def add_param_group(self, param_group: dict) -> None:
@@ -262,7 +264,8 @@ class LowRankAdam(torch.optim.Optimizer):
                 names = [self._name_in(group, p) for p in params]
                 terms += [(name, p.numel(), full, low) for name, p, full, low
                           in zip(names, params, full_sq or [None] * len(params), low_sq)]
-        self._last_terms = terms or None
+        if self.measure_update_rms:
+            self._last_terms = terms or None
         self._adamw.step()
         return loss
 
@@ -291,31 +294,35 @@ class LowRankAdam(torch.optim.Optimizer):
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Moment updates (foreach over the group) and weight steps of low-rank `params` with projected
         gradients `gs`; returns the squared Frobenius norms of the applied terms (1 - omega) full and
-        omega low, per parameter (no 'full' entries when omega = 1)."""
+        omega low, per parameter (no 'full' entries when omega = 1; none at all without measure_update_rms)."""
         states = [self.state[p] for p in params]
         lr, omega = group["lr"], group["omega"]
         corrections, denominators = self._adam_moments(group, states, gs)
         xs = torch._foreach_div([s["exp_avg"] for s in states], denominators)  # c1 uh / (sqrt(vh) + eps)
         low_scales = [omega / c1 for c1, _ in corrections]
-        low_sq = [n.square() * s**2 for n, s in zip(torch._foreach_norm(xs), low_scales)]  # ||Q x|| = ||x||
+        measure = self.measure_update_rms
+        # ||Q x|| = ||x||: the low term's norm is that of its coordinates
+        low_sq = [n.square() * s**2 for n, s in zip(torch._foreach_norm(xs), low_scales)] if measure else []
         decay = 1 - lr * group["weight_decay"]
         full_sq = []
         for p, state, x, low_scale, (_, c2) in zip(params, states, xs, low_scales, corrections):
             Q, side = state["basis"], projection_side(p.shape)
             add_lifted(p, x, Q, side, -lr * low_scale, beta=decay)  # W <- (1 - lr wd) W - lr omega low
             if omega < 1:
-                full_sq.append(self._apply_full_term(p, group, state["exp_avg_sq"], Q, side, c2))
+                full = self._apply_full_term(p, group, state["exp_avg_sq"], Q, side, c2)
+                full_sq += [torch.linalg.vector_norm(full).square()] if measure else []
         return full_sq, low_sq
 
     def _apply_full_term(
         self, p: torch.Tensor, group: dict, v: torch.Tensor, Q: torch.Tensor, side: str, c2: float
     ) -> torch.Tensor:
-        """W -= lr (1 - omega) G / (mu (sqrt(lift(vh)) + eps)), mu = qh_scale; returns ||(1 - omega) G / (...)||_F^2."""
+        """W -= lr (1 - omega) G / (mu (sqrt(lift(vh)) + eps)), mu = qh_scale; returns the applied term
+        (1 - omega) G / (...)."""
         vh_lifted = self._qh_second_moment(group, v, Q, side).div_(c2)
         denominator = vh_lifted.sqrt_().add_(group["eps"]).mul_(group["qh_scale"] / (1 - group["omega"]))
         full = p.grad / denominator
         p.add_(full, alpha=-group["lr"])
-        return torch.linalg.vector_norm(full).square()
+        return full
 
     def _qh_second_moment(self, group: dict, v: torch.Tensor, Q: torch.Tensor, side: str) -> torch.Tensor:
         """lift(v) of the full-rank term (D3), before bias correction: 'rank_mean' averages v over the rank
@@ -363,9 +370,9 @@ class LowRankAdam(torch.optim.Optimizer):
         return totals
 
     def last_update_rms(self) -> dict[str, float]:
-        """RMS of the applied terms of the last step, 'full' = (1 - omega) full and 'low' = omega low: over all
-        low-rank matrices, and per matrix as 'full/<name>', 'low/<name>' (NaN before the first step; 0 for 'full'
-        at omega = 1)."""
+        """RMS of the applied terms of the last measured step (measure_update_rms), 'full' = (1 - omega) full and
+        'low' = omega low: over all low-rank matrices, and per matrix as 'full/<name>', 'low/<name>' (NaN before the
+        first measured step; 0 for 'full' at omega = 1)."""
         if self._last_terms is None:
             return {"full": math.nan, "low": math.nan}
         names, numels, full_sq, low_sq = zip(*self._last_terms)

@@ -41,7 +41,10 @@ class CountsStateBytes(Protocol):
 
 @runtime_checkable
 class ReportsUpdateRMS(Protocol):
-    """An optimizer that reports the RMS of each term of its last update."""
+    """An optimizer that reports the RMS of each term of its last measured update; it measures the steps taken while
+    `measure_update_rms` is true."""
+
+    measure_update_rms: bool
 
     def last_update_rms(self) -> dict[str, float]: ...
 

@@ -187,7 +187,7 @@ def build_strategy(cfg: DictConfig, sync: SyncOptions):
 
     t = cfg.train
     return SyncStrategy(
-        sync, t.clip, t.collective_timeout_s,
+        sync, t.clip, t.collective_timeout_s, (t.log_every, t.steps),
         process_group_backend="gloo" if on_cpu(cfg) else "nccl",
         start_method="forkserver" if starts_workers(cfg) else "popen",
     )

@@ -24,7 +24,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.options import SyncOptions
 from lowcomm.distributed.sync import SyncEngine, build_sync_engine
-from lowcomm.optim.protocols import ReportsSpectralStats
+from lowcomm.optim.protocols import ReportsSpectralStats, ReportsUpdateRMS
 from lowcomm.training.lightning.launcher import SupervisedLauncher
 from lowcomm.training.run_dir import NoSpace, rank_checkpoint_file, tensor_bytes, write_atomically
 
@@ -47,11 +47,13 @@ class ClipCounter:
 class SyncStrategy(DDPStrategy):
     strategy_name = "lowcomm_sync"
 
-    def __init__(self, sync: SyncOptions, clip: float, collective_timeout_s: float, **kwargs: Any):
+    def __init__(self, sync: SyncOptions, clip: float, collective_timeout_s: float, logged_steps: tuple[int, int],
+                 **kwargs: Any):
         super().__init__(timeout=timedelta(seconds=collective_timeout_s), **kwargs)
         self.collective_timeout_s = collective_timeout_s
         self.sync = sync
         self.clip = clip
+        self.log_every, self.last_step = logged_steps  # the steps whose update terms are measured (their rows)
         self.engine: SyncEngine | None = None
         self.clip_since_log = ClipCounter()
         self.clip_total = ClipCounter()
@@ -113,6 +115,8 @@ class SyncStrategy(DDPStrategy):
     def optimizer_step(self, optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
         loss = closure()
         step = self.lightning_module.global_step + 1
+        if isinstance(self.engine.optimizer, ReportsUpdateRMS):  # the norms cost a tenth of a LoRDO step: log steps only
+            self.engine.optimizer.measure_update_rms = step % self.log_every == 0 or step == self.last_step
         self.engine.before_optimizer_step(step, self._clip_gradients if self.clip else None)
         optimizer.step()
         self.engine.after_optimizer_step(step)
