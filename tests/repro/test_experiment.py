@@ -89,6 +89,7 @@ def test_undefined_preset_is_named(spec_path):
 def write_run(run_dir: Path, cfg, record: dict) -> None:
     run_dir.mkdir(parents=True)
     OmegaConf.save(cfg, run_dir / "config.yaml")
+    (run_dir / "metrics.csv").write_text("step,loss\n0,5.0\n")
     (run_dir / "record.json").write_text(json.dumps(record))
 
 
@@ -216,7 +217,7 @@ def stub_training(monkeypatch) -> list[str]:
         write_run(Path(cfg.run.out_dir) / cfg.run.name, cfg, {"status": "complete", "final_val_loss": 4.5})
 
     monkeypatch.setattr(experiment, "train", train)
-    monkeypatch.setattr(experiment, "RunResult", type("Loaded", (), {"load": staticmethod(lambda r, d: d)}))
+    monkeypatch.setattr(experiment, "RunResult", type("Loaded", (), {"read": staticmethod(lambda *place: place[-1])}))
     monkeypatch.setattr(experiment, "build_tables", lambda params, results: results)
     monkeypatch.setattr(experiment, "write_tables", lambda tables, params, out_dir: None)
     return trained

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_committed_figures_are_regenerated_from_committed_results(tmp_path):
     stored = {f"{p.parent.parent.name}_{p.parent.name}" for p in (ROOT / "results").glob("*/*/table.csv")}
-    written = figures.main(ROOT / "results", tmp_path)
+    written = figures.draw_all(ROOT / "results", tmp_path)
     assert {p.stem for p in written} == stored
     assert all(p.stat().st_size > 10_000 and p.with_suffix(".pdf").exists() for p in written)
     committed = {p.stem for p in (ROOT / "paper_figures").glob("*.png")}

@@ -164,6 +164,7 @@ def test_a_stored_run_with_a_former_key_is_reused(tuned, tmp_path):
     run_dir = tmp_path / "stored"
     run_dir.mkdir()
     OmegaConf.save(OmegaConf.create(stored), run_dir / "config.yaml")
+    (run_dir / "metrics.csv").write_text("step,loss\n0,5.0\n")
     (run_dir / "record.json").write_text('{"status": "complete"}')
     assert stale_reason(run_dir, cfg) is None
 

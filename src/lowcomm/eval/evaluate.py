@@ -26,7 +26,6 @@ from lm_eval.models.utils import (
     normalize_gen_kwargs,
     postprocess_generated_text,
 )
-from omegaconf import OmegaConf
 from torch import nn
 from tqdm import tqdm
 
@@ -46,6 +45,8 @@ from lowcomm.eval.tasks import (
 )
 from lowcomm.model import ModelConfig, Transformer
 from lowcomm.quiet import no_progress_bars, quiet_libraries
+from lowcomm.stored import RERUN, StoredFileError, read_config, reading
+from lowcomm.training.run_dir import read_record
 
 
 class EvaluationError(ValueError):
@@ -73,11 +74,11 @@ def load_run(path: str | Path) -> tuple[Transformer, object]:
         if not needed.exists():
             raise EvaluationError(f"{needed} does not exist: give a finished run directory (with model.pt and "
                                   "config.yaml) or the model.pt inside one")
-    with torch.serialization.safe_globals([ModelConfig]):
+    with torch.serialization.safe_globals([ModelConfig]), reading(weights, "a model file", RERUN):
         saved = torch.load(weights, map_location="cpu", weights_only=True)
-    model = Transformer(saved["model_config"])
-    model.load_state_dict(saved["model"])
-    return model, run_tokenizer(OmegaConf.load(config).data)
+        model = Transformer(saved["model_config"])
+        model.load_state_dict(saved["model"])
+    return model, run_tokenizer(read_config(config, RERUN).data)
 
 
 # ---------------------------------------------------------------- the lm-eval model
@@ -287,7 +288,7 @@ def evaluate_run_dir(run_dir: str | Path, tasks: tuple[str, ...] | list[str] = (
         lm = LowcommLM(run_dir, batch_size=batch_size, device=device)
         scores = task_scores(run_lm_eval(lm, manager, loaded, limit))
         downstream.update({name: scores[name] for name in top_level_names(loaded)})
-    record = json.loads(record_path.read_text())
+    record = read_record(run_dir)
     record["downstream"] = {**record.get("downstream", {}), **downstream}
     write_json_atomic(record_path, record)
     return downstream
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
         if unavailable:
             sys.exit("\n".join(f"error: {message}" for message in unavailable.values()))
         lm = LowcommLM(args.model, batch_size=args.batch_size, device=args.device)
-    except (EvaluationError, TaskUnavailable, DataUnavailable) as err:
+    except (EvaluationError, TaskUnavailable, DataUnavailable, StoredFileError) as err:
         sys.exit(f"error: {err}")
     results = run_lm_eval(lm, manager, loaded, args.limit)
     if args.output:

@@ -495,7 +495,7 @@ def write_rows(rows: list[dict[str, Any]], path: str, **settings: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lowcomm.repro.accounting", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000, help="steps over which one-offs are amortized")
     parser.add_argument("--out", help="also write the rows to this CSV (with the git commit), and the crossover rates "
                                       "at the paper sizes to crossover.csv beside it")

@@ -34,7 +34,8 @@ optimizer has one, the non-matrix lr (`adamw_lr`) from the file `make tune` writ
 A run is reused only when its record.json says `status: complete` (or `diverged`, with keep_diverged) and its
 stored config.yaml equals the run's resolved config (both on the optimizer's defaults); otherwise (or with --force)
 its directory is replaced by a new run. So an interrupted
-experiment resumes, and a changed config is rerun, never silently reused. A run to train whose config equals a
+experiment resumes, and a changed config is rerun, never silently reused. Files that cannot be read follow the rule of
+lowcomm.stored: a run with one is trained again, and --tables-only leaves it out. A run to train whose config equals a
 complete run of another experiment or preset under <out> (name and place aside: horizon's ddp-steps1024-s1 is
 table3_main claim's ddp-s1) is copied from it instead, its record naming the source (`copied_from`), provided it
 holds the scores the experiment's `downstream` tasks need or its model.pt (which results/ does not commit); --force
@@ -70,10 +71,14 @@ from lowcomm.repro.tables import (
     compact_columns,
     downstream_sources,
     markdown,
+    preset_table,
+    read_run_files,
+    read_table,
     run_name,
     seed_of,
 )
 from lowcomm.repro.tuning import tuned_overrides
+from lowcomm.stored import RERUN, StoredFileError, counting_skipped, read_config, readable, skip
 from lowcomm.training.run_dir import read_record
 from lowcomm.training.train import RunEnded, train, validate
 
@@ -228,7 +233,7 @@ def comparable(tree: dict) -> dict:
 
 def stored_comparable(run_dir: Path) -> dict:
     """The run's stored config.yaml, on the schema's defaults, as a `comparable` tree."""
-    return comparable(with_defaults(OmegaConf.load(run_dir / "config.yaml")))
+    return comparable(with_defaults(read_config(run_dir / "config.yaml", RERUN)))
 
 
 def stored_config_difference(run_dir: Path, cfg: DictConfig) -> str | None:
@@ -236,8 +241,28 @@ def stored_config_difference(run_dir: Path, cfg: DictConfig) -> str | None:
     return config_difference(stored_comparable(run_dir), comparable(OmegaConf.to_container(cfg)))
 
 
+def unreadable(run_dir: Path) -> StoredFileError | None:
+    """Why the record.json, config.yaml or metrics.csv of a stored run cannot be read (None: they can)."""
+    try:
+        read_run_files(run_dir)
+    except StoredFileError as err:
+        return err
+    return None
+
+
+def readable_grid(grid: list[GridRun], runs_dir: Path) -> list[GridRun]:
+    """The grid's runs but those stored (with a record.json) with a file that cannot be read, which are skipped
+    (lowcomm.stored.skip)."""
+    stored = [run for run in grid if (runs_dir / run.name / "record.json").exists()]
+    errors = {run.name: err for run in stored if (err := unreadable(runs_dir / run.name))}
+    for err in errors.values():
+        skip(err)
+    return [run for run in grid if run.name not in errors]
+
+
 def record_problem(run_dir: Path, keep_diverged: bool = False) -> str | None:
-    """Why the run stored in `run_dir` cannot stand for any run, whatever its config (None: it is complete)."""
+    """Why the run stored in `run_dir` cannot stand for any run, whatever its config (None: it is complete); a
+    StoredFileError when its record cannot be read."""
     if not (run_dir / "record.json").exists():
         return "not run yet"
     status = read_record(run_dir).get("status")
@@ -251,11 +276,16 @@ def record_problem(run_dir: Path, keep_diverged: bool = False) -> str | None:
 
 
 def stale_reason(run_dir: Path, cfg: DictConfig, keep_diverged: bool = False) -> str | None:
-    """Why the run stored in `run_dir` cannot stand for the run of `cfg` (None: it can be reused)."""
-    problem = record_problem(run_dir, keep_diverged)
-    if problem is not None:
-        return problem
-    diff = stored_config_difference(run_dir, cfg)
+    """Why the run stored in `run_dir` cannot stand for the run of `cfg` (None: it can be reused); a run with a file
+    that cannot be read is stale, the reason naming the file."""
+    try:
+        problem = record_problem(run_dir, keep_diverged)
+        if problem is not None:
+            return problem
+        diff = stored_config_difference(run_dir, cfg)
+        read_table(run_dir / "metrics.csv", RERUN)
+    except StoredFileError as err:
+        return f"its {err.path.name}: {err.problem}"
     return f"its config differs ({diff})" if diff else None
 
 
@@ -268,10 +298,15 @@ def scorable(run_dir: Path, tasks: Sequence[str]) -> bool:
 def complete_runs(results: Path, keep_diverged: bool = False, leave_out: set[Path] = frozenset(),
                   tasks: Sequence[str] = ()) -> dict[Path, dict]:
     """Every run directory of any experiment and preset under `results` but `leave_out` that can stand for a run
-    (record_problem is None) and be scored on `tasks` (scorable), with its `comparable` config tree."""
+    (record_problem is None) and be scored on `tasks` (scorable), with its `comparable` config tree; one with a file
+    that cannot be read is skipped (lowcomm.stored)."""
     dirs = sorted(c.parent for c in Path(results).glob("*/*/runs/*/config.yaml") if c.parent not in leave_out)
-    return {d: stored_comparable(d) for d in dirs
-            if record_problem(d, keep_diverged) is None and scorable(d, tasks)}
+
+    def reusable(run_dir: Path) -> tuple[Path, dict | None]:
+        usable = record_problem(run_dir, keep_diverged) is None and scorable(run_dir, tasks)
+        return run_dir, stored_comparable(run_dir) if usable else None
+
+    return {d: tree for d, tree in readable(reusable, dirs) if tree is not None}
 
 
 def identical_run(stored: dict[Path, dict], cfg: DictConfig) -> Path | None:
@@ -335,11 +370,13 @@ def train_into(run_dir: Path, cfg: DictConfig, keep_diverged: bool, index: int, 
 def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs"), seeds: list[int] | None = None,
                    force: bool = False, extra: list[str] = (), tables_only: bool = False) -> Path:
     """Train every run of the grid that cannot be reused, then write the tables; returns <out>/<name>/<preset>.
-    With tables_only, nothing trains: the tables are rebuilt from the stored runs, or a ConfigError names a run
-    that is missing or stale."""
+    With tables_only, nothing trains: the tables are rebuilt from the stored runs (a run with a file that cannot be
+    read left out), or a ConfigError names a run that is missing or stale."""
     spec = load_spec(path)
     out_dir = Path(out) / spec.name / preset
     grid = experiment_grid(spec, preset, seeds, list(extra))
+    if tables_only:
+        grid = readable_grid(grid, out_dir / "runs")
     configs = [resolved_config(spec, run, out_dir / "runs") for run in grid]
     for cfg in configs:  # every run validated before the first one starts
         validate(cfg)
@@ -369,7 +406,8 @@ def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs
                 train_into(run_dir, cfg, keep_diverged, index, run, reason, progress)
         if not tables_only:
             evaluate_downstream(run_dir, tasks)
-    results = [RunResult.load(run, out_dir / "runs" / run.name) for run in grid]
+    results = readable(lambda run: RunResult.read(run.label, run.method, run.sweep_value, run.seed,
+                                                  out_dir / "runs" / run.name), grid)
     params = table_params(spec, preset)
     write_tables(build_tables(params, results), params, out_dir)
     return out_dir
@@ -408,7 +446,7 @@ def provenance_problems(config_path: str | Path, preset: str, out: Path = RESULT
     complete) and a config.yaml equal to its resolved config, and a commit of this repository listed in the row."""
     spec = load_spec(config_path)
     out_dir = Path(out) / spec.name / preset
-    table = pd.read_csv(out_dir / "table.csv")
+    table = preset_table(out_dir)
     names = [name for runs in table["runs"] for name in runs.split()]
     seeds = sorted({seed_of(name) for name in names})
     grid = {run.name: run for run in experiment_grid(spec, preset, seeds)}
@@ -424,8 +462,12 @@ def provenance_problems(config_path: str | Path, preset: str, out: Path = RESULT
             elif not (run_dir / "record.json").exists() or not (run_dir / "config.yaml").exists():
                 problems.append(f"{row['label']}: run {name} has no record.json or config.yaml in {run_dir}")
             else:
-                record = read_record(run_dir)
-                diff = stored_config_difference(run_dir, resolved_config(spec, grid[name], out_dir / "runs"))
+                try:
+                    record = read_record(run_dir)
+                    diff = stored_config_difference(run_dir, resolved_config(spec, grid[name], out_dir / "runs"))
+                except StoredFileError as err:
+                    problems.append(f"{row['label']}: run {name} cannot be read: {err}")
+                    continue
                 if diff:
                     problems.append(f"{row['label']}: run {name} was made with another config ({diff}): rerun it")
                 allowed = ("complete", "diverged") if spec.get("keep_diverged", False) else ("complete",)
@@ -475,14 +517,14 @@ SHORT_NAMES = {"final_val_loss": "val loss", "final_val_ppl": "val ppl", "bytes_
 def print_summary(out_dir: Path, kind: str) -> None:
     """The compact table of the kind (every column: table.md / table.csv) and the comparisons, each with a line
     saying what it means."""
-    table = pd.read_csv(out_dir / "table.csv")
+    table = preset_table(out_dir)
     print(f"Results in {out_dir}/ (table.md and table.csv have every column):")
     compact = table[compact_columns(table, kind)].rename(columns=lambda c: SHORT_NAMES.get(c, c))
     print(compact.to_markdown(index=False, floatfmt=".4g"))
     if downstream_sources(table):
         print(downstream_sources(table))
     if (out_dir / "comparisons.csv").exists():
-        comparisons = pd.read_csv(out_dir / "comparisons.csv")
+        comparisons = preset_table(out_dir, "comparisons")
         if not comparisons.empty:
             print(f"\nComparisons. {COMPARISONS_MEAN}")
             shown = [c for c in ("sweep_value", "a", "b", "metric", "n", "diff", "ci_low", "ci_high", "verdict")
@@ -491,11 +533,11 @@ def print_summary(out_dir: Path, kind: str) -> None:
 
 
 def print_beside_reference(out_dir: Path, reference_dir: Path) -> None:
-    ours = pd.read_csv(out_dir / "table.csv")
+    ours = preset_table(out_dir)
     if not (reference_dir / "table.csv").exists():
         print(f"No stored reference at {reference_dir}/ yet: nothing to compare with.")
         return
-    comparison = compare_to_reference(ours, pd.read_csv(reference_dir / "table.csv"))
+    comparison = compare_to_reference(ours, preset_table(reference_dir))
     print(f"\nFinal validation loss beside the stored reference ({reference_dir}/, mean +- std over its seeds). "
           f"{REFERENCE_MEANS}")
     print(comparison.to_markdown(index=False, floatfmt=".4g"))
@@ -516,24 +558,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", help="comma-separated seeds instead of the preset's")
     parser.add_argument("--force", action="store_true", help="rerun runs that could be reused")
     parser.add_argument("--tables-only", action="store_true",
-                        help="train nothing: rebuild the tables from the stored runs (an error if one is stale)")
+                        help="train nothing: rebuild the tables from the stored runs (an error if one is stale; "
+                             "one with a file that cannot be read is left out)")
     args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     presets = [a for a in args.rest if "=" not in a]
     extra = [a for a in args.rest if "=" in a]
     if len(presets) > 1:
         sys.exit(f"error: one preset at most, got {presets}")
     preset = presets[0] if presets else "cpu"
-    try:
-        seeds = parse_seeds(args.seeds) if args.seeds else None
-        out_dir = run_experiment(args.config, preset, Path(args.out), seeds, args.force, extra, args.tables_only)
-    except (ConfigError, DataUnavailable) as err:
-        sys.exit(f"error: {err}")
-    except RunEnded as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(err.exit_code)
-    print_summary(out_dir, table_params(load_spec(args.config), preset)["kind"])
-    if Path(args.out).resolve() != RESULTS.resolve():
-        print_beside_reference(out_dir, RESULTS / out_dir.relative_to(args.out))
+    with counting_skipped():
+        try:
+            seeds = parse_seeds(args.seeds) if args.seeds else None
+            out_dir = run_experiment(args.config, preset, Path(args.out), seeds, args.force, extra, args.tables_only)
+            print_summary(out_dir, table_params(load_spec(args.config), preset)["kind"])
+            if Path(args.out).resolve() != RESULTS.resolve():
+                print_beside_reference(out_dir, RESULTS / out_dir.relative_to(args.out))
+        except (ConfigError, DataUnavailable, StoredFileError) as err:
+            sys.exit(f"error: {err}")
+        except RunEnded as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            sys.exit(err.exit_code)
 
 
 if __name__ == "__main__":

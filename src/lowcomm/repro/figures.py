@@ -2,13 +2,15 @@
 in here): paper_figures/<experiment>_<preset>.png and .pdf.
 
 Reads results/<experiment>/<preset>/table.csv (which names each row's runs), the runs' metrics.csv and record.json,
-and for `communication` also results/communication/analytic.csv. Bands are the min-max over seeds.
+and for `communication` also results/communication/analytic.csv. Bands are the min-max over seeds. Files that cannot
+be read follow the rule of lowcomm.stored.
 
     python -m lowcomm.repro.figures [results_dir] [out_dir]
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import sys
 from pathlib import Path
@@ -26,7 +28,13 @@ import seaborn as sns  # noqa: E402
 from lowcomm.optim.dion import Dion  # noqa: E402
 from lowcomm.repro.definitions import definitions  # noqa: E402
 from lowcomm.repro.experiment import load_spec, table_params  # noqa: E402
-from lowcomm.repro.tables import basis_change_rows, stored_runs  # noqa: E402
+from lowcomm.repro.tables import (  # noqa: E402
+    analytic_table,
+    basis_change_rows,
+    preset_table,
+    stored_runs,
+)
+from lowcomm.stored import StoredFileError, counting_skipped  # noqa: E402
 
 ANGLE_FLOOR = 1e-7  # angles below this (exact zeros included) are drawn at it on the log scale
 BAND = ("pi", 100)  # min-max over seeds
@@ -53,7 +61,7 @@ def records(preset_dir: Path) -> pd.DataFrame:
 
 def label_palette(preset_dir: Path) -> dict[str, tuple]:
     """One colour per row label of table.csv, in table order, shared by every panel of a figure."""
-    labels = list(pd.read_csv(preset_dir / "table.csv")["label"])
+    labels = list(preset_table(preset_dir)["label"])
     return dict(zip(labels, sns.color_palette(n_colors=len(labels))))
 
 
@@ -84,7 +92,7 @@ def sync_angle_rows(preset_dir: Path) -> pd.DataFrame:
 def draw_methods(fig, preset_dir: Path) -> None:
     ax1, ax2 = fig.subplots(1, 2)
     validation_panel(ax1, preset_dir)
-    table = pd.read_csv(preset_dir / "table.csv")
+    table = preset_table(preset_dir)
     sns.barplot(table, x="label", y="bytes_per_step/total", hue="label", ax=ax2)
     ax2.set(yscale="log", xlabel="", ylabel="bytes per worker per step (measured)", title="communication")
     ax2.tick_params(axis="x", rotation=45)
@@ -149,7 +157,7 @@ def draw_nu(fig, preset_dir: Path) -> None:
     rows = metric_rows(preset_dir, ["spectral/nu_mean"]).dropna(subset=["spectral/nu_mean"])
     sns.lineplot(rows, x="step", y="spectral/nu_mean", hue="label", errorbar=BAND, ax=ax1)
     ax1.set(xlabel="step", ylabel="nu_t (mean over matrices)", title="nu_t over training")
-    table = pd.read_csv(preset_dir / "table.csv")
+    table = preset_table(preset_dir)
     sns.lineplot(table, x="rank", y="nu_mean_over_training", hue="method", marker="o", ax=ax2)
     ranks = sorted(table["rank"].unique())
     ax2.plot(ranks, [r ** 0.5 for r in ranks], "k--x", label="sqrt(r): Dion's bound")
@@ -188,7 +196,7 @@ def draw_beta(fig, preset_dir: Path) -> None:
 def draw_lr_sweep(fig, preset_dir: Path) -> None:
     """Final validation loss against the peak lr, one line per method; a diverged run is an x on the top edge."""
     ax = fig.subplots()
-    table = pd.read_csv(preset_dir / "table.csv")
+    table = preset_table(preset_dir)
     finite = table[table["final_val_loss"] < float("inf")]
     sns.lineplot(finite, x="sweep_value", y="final_val_loss", hue="method", marker="o", ax=ax)
     diverged = table[table["final_val_loss"] == float("inf")]
@@ -206,8 +214,8 @@ def draw_horizon(fig, preset_dir: Path) -> None:
     def row_of(labels: pd.Series) -> pd.Series:  # "lordo_k8_steps1024" -> "lordo_k8"
         return labels.str.rsplit("_steps", n=1).str[0]
 
-    table = pd.read_csv(preset_dir / "table.csv").assign(row=lambda t: row_of(t["label"]))
-    gaps = pd.read_csv(preset_dir / "comparisons.csv")
+    table = preset_table(preset_dir).assign(row=lambda t: row_of(t["label"]))
+    gaps = preset_table(preset_dir, "comparisons")
     gaps = gaps[gaps["b"].str.startswith("ddp_steps")].assign(row=lambda t: row_of(t["a"]))
     palette = dict(zip(table["row"].unique(), sns.color_palette(n_colors=table["row"].nunique())))
     for row, rows in gaps.groupby("row", sort=False):
@@ -230,7 +238,7 @@ def draw_horizon(fig, preset_dir: Path) -> None:
 def draw_convergence(fig, preset_dir: Path) -> None:
     ax = fig.subplots()
     rows = validation_panel(ax, preset_dir)
-    table = pd.read_csv(preset_dir / "table.csv")
+    table = preset_table(preset_dir)
     target = table["target_label"].iloc[0]
     best = rows[rows["label"] == target].groupby("seed")["val_loss"].min().mean()
     ax.axhline(best, color="k", ls="--", lw=0.8, label=f"{target}'s best (mean over seeds)")
@@ -249,7 +257,7 @@ def draw_over_bandwidth(frame: pd.DataFrame, hue: str, prefix: str, ax, ylabel: 
 def draw_emulated(fig, preset_dir: Path) -> None:
     """Runs over the emulated network: measured time per step and to the target (points) over the model's lines
     (t_step(R) = t_compute + 8 B / R + latency x collectives, from the table's columns), per method."""
-    table = pd.read_csv(preset_dir / "table.csv")
+    table = preset_table(preset_dir)
     axes = fig.subplots(1, 2)
     rates = np.geomspace(table["link_rate_measured_mbit"].min() / 2, table["link_rate_measured_mbit"].max() * 2, 50)
     palette = dict(zip(table["method"].unique(), sns.color_palette(n_colors=table["method"].nunique())))
@@ -269,15 +277,15 @@ def draw_emulated(fig, preset_dir: Path) -> None:
 
 
 def draw_communication(fig, preset_dir: Path) -> None:
-    if "step_time_measured_s" in pd.read_csv(preset_dir / "table.csv", nrows=0):
+    if "step_time_measured_s" in preset_table(preset_dir).columns:
         return draw_emulated(fig, preset_dir)
     analytic_path = preset_dir.parent / "analytic.csv"
     axes = fig.subplots(1, 2 if analytic_path.exists() else 1, squeeze=False)[0]
-    table = pd.read_csv(preset_dir / "table.csv")
+    table = preset_table(preset_dir)
     draw_over_bandwidth(table, "label", "time_to_target_s_", axes[0], "modeled time to the target loss (s)",
                         f"measured size; latency {table['modeled_latency_s'].iloc[0]:g} s per collective")
     if len(axes) > 1:
-        analytic = pd.read_csv(analytic_path)
+        analytic = analytic_table(analytic_path)
         largest = analytic[analytic["size"] == analytic.sort_values("steady_mb")["size"].iloc[-1]]
         draw_over_bandwidth(largest, "method", "comm_s_", axes[1], "communication time per step (s, analytic)",
                             f"{largest['size'].iloc[0]}, latency {analytic['latency_s'].iloc[0]:g} s")
@@ -334,7 +342,7 @@ def draw_balance(fig, preset_dir: Path) -> None:
     """LoRDO's full-rank balance: final validation loss (mean and min-max over the tuning seeds), the median over the
     syncs of the largest principal angle between consecutive bases, and the full / low balance, each against omega,
     one line per qh_scale and qh_denominator."""
-    table = pd.read_csv(preset_dir / "table.csv")
+    table = preset_table(preset_dir)
     runs = records(preset_dir).merge(table[["label", "qh_scale", "qh_denominator"]], on="label")
     runs["setting"] = [f"mu {m:g}, {d}" for m, d in zip(runs["qh_scale"], runs["qh_denominator"])]
     runs["omega"] = runs["sweep_value"].astype(float)
@@ -354,7 +362,7 @@ def draw_choice(fig, preset_dir: Path) -> None:
     group starred."""
     params = table_params(load_spec(definitions()[preset_dir.parent.name].config), preset_dir.name)
     settings, group = list(params["settings"]), list(params.get("group", []))
-    table = pd.read_csv(preset_dir / "table.csv")
+    table = preset_table(preset_dir)
     table["group"] = table[group].astype(str).agg(" ".join, axis=1) if group else ""
     runs = records(preset_dir).merge(table[["label", "group", *settings]], on="label")
     ax = fig.subplots()
@@ -403,7 +411,8 @@ def draw(preset_dir: Path, out: Path) -> None:
     plt.close(fig)
 
 
-def main(results: Path = Path("results"), out_dir: Path = Path("paper_figures")) -> list[Path]:
+def draw_all(results: Path = Path("results"), out_dir: Path = Path("paper_figures")) -> list[Path]:
+    """Every stored experiment and preset's figure into out_dir; returns the .png files written."""
     sns.set_theme(style="whitegrid", context="paper")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     written = []
@@ -414,7 +423,20 @@ def main(results: Path = Path("results"), out_dir: Path = Path("paper_figures"))
     return written
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lowcomm.repro.figures", description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="?", type=Path, default=Path("results"),
+                        help="the stored results to draw (default results)")
+    parser.add_argument("out_dir", nargs="?", type=Path, default=Path("paper_figures"),
+                        help="where the figures go (default paper_figures)")
+    args = parser.parse_args(argv)
+    with counting_skipped():
+        try:
+            for path in draw_all(args.results, args.out_dir):
+                print(f"wrote {path}")
+        except StoredFileError as err:
+            sys.exit(f"error: {err}")
+
+
 if __name__ == "__main__":
-    args = [Path(a) for a in sys.argv[1:]]
-    for path in main(*args):
-        print(f"wrote {path}")
+    main()

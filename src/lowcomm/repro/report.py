@@ -4,7 +4,8 @@ each experiment README's "What our run shows" section and the benchmark summary 
 this scale, with our numbers.
 
 Nothing here is a result: every number printed comes from a stored table or record; the paper's numbers are quoted
-from the specs. An experiment whose table is not stored yet is reported as pending. Verdicts:
+from the specs. An experiment whose table is not stored yet is reported as pending; files that cannot be read follow
+the rule of lowcomm.stored. Verdicts:
   a comparison (lower loss, fewer steps)  lowcomm.repro.stats: the paired per-seed difference and its 95 % t-interval;
                                           'equivalent' inside the margin, 'inconclusive' otherwise when it holds 0
   "about N x"                             reproduced when our factor is within 30 % of N
@@ -14,7 +15,7 @@ from the specs. An experiment whose table is not stored yet is reported as pendi
 
 from __future__ import annotations
 
-import json
+import argparse
 import math
 import sys
 from dataclasses import dataclass, replace
@@ -34,6 +35,9 @@ from lowcomm.repro.stats import (
     MIN_SEEDS,
     TOO_FEW,
 )
+from lowcomm.repro.tables import analytic_table, preset_table
+from lowcomm.stored import counting_skipped, read_json, readable
+from lowcomm.training.run_dir import read_record
 
 PRESET = "cpu"
 CLAIM_PRESET = "claim"  # table3_main's claims preset: the claims' horizon at the tuned lrs
@@ -71,10 +75,10 @@ class Stored:
         self.results = results
         self.name = name
         self.preset = preset
-        self.table = pd.read_csv(base / "table.csv") if (base / "table.csv").exists() else None
-        self.comparisons = pd.read_csv(base / "comparisons.csv") if (base / "comparisons.csv").exists() else None
+        self.table = preset_table(base) if (base / "table.csv").exists() else None
+        self.comparisons = preset_table(base, "comparisons") if (base / "comparisons.csv").exists() else None
         analytic = results / name / "analytic.csv"
-        self.analytic = pd.read_csv(analytic) if analytic.exists() else None
+        self.analytic = analytic_table(analytic) if analytic.exists() else None
 
     def row(self, label: str) -> pd.Series | None:
         rows = self.table[self.table["label"] == label] if self.table is not None else []
@@ -539,22 +543,27 @@ def experiment_section(results: Path, name: str) -> str:
 
 
 def main_job_section(results: Path) -> str:
-    runs = sorted((results / "train").glob("*/record.json"))
+    """The latest stored `make train` run whose record can be read."""
+    runs = readable(lambda run_dir: (run_dir, read_record(run_dir)),
+                    sorted(p.parent for p in (results / "train").glob("*/record.json")))
     if not runs:
         return "The main job's record is pending: `make train` writes results/train/."
-    r = json.loads(runs[-1].read_text())
-    return (f"`make train` ({runs[-1].parent.relative_to(results.parent)}): {num(r['parameters'] / 1e6, 3)}M "
+    run_dir, r = runs[-1]
+    return (f"`make train` ({run_dir.relative_to(results.parent)}): {num(r['parameters'] / 1e6, 3)}M "
             f"parameters, {r['world_size']} workers, {r['steps']} steps; validation perplexity "
             f"{num(r['initial_val_ppl'])} -> {num(r['final_val_ppl'])}, "
             f"{num(r['tokens_per_s'] / 1e3, 3)}k tokens/s over the workers, {num(r['wall_time_s'] / 60, 3)} min of "
             f"training wall time (commit {r['git_commit'][:10]}).")
 
 
+BENCH_FIX = "rebuild it: make bench"
+
+
 def bench_section(results: Path) -> str:
     lines = []
     lowrank = results / "bench" / "lowrank_adam.json"
     if lowrank.exists():
-        b = json.loads(lowrank.read_text())
+        b = read_json(lowrank, BENCH_FIX)
         c, ratios, state = b["config"], b["timing"]["ratios"], b["state_bytes"]
         lines.append(f"- LowRankAdam (LoRDO local step, r = {c['rank']}) on `{c['size']}`, context {c['context']}, "
                      f"batch {c['batch']}, {b['threads']} threads: training step {num(ratios['adamw']['step'], 4)}x "
@@ -567,7 +576,7 @@ def bench_section(results: Path) -> str:
                      f"{num(state['ratio_all_including_error_feedback'], 3)}x.")
     dion = results / "bench" / "dion.json"
     if dion.exists():
-        b = json.loads(dion.read_text())
+        b = read_json(dion, BENCH_FIX)
         rows = [r for r in b["rows"] if r["qr_method"] == "householder"]
         lines.append(f"- Optimizer step on {len(b['matrices'])} matrices of `{b['model']}`, {b['threads']} thread(s), "
                      "Householder QR: Orth-Dion / Dion = " + ", ".join(num(r["orth_dion_over_dion"], 3) for r in rows)
@@ -639,16 +648,19 @@ def generated_files(root: Path = Path(".")) -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    root = Path(argv[0]) if argv else Path(".")
-    try:
-        files = generated_files(root)
-    except ValueError as err:
-        sys.exit(f"error: {err}")
-    for path, text in files.items():
-        if path.read_text() != text:
-            path.write_text(text)
-            print(f"updated {path}")
+    parser = argparse.ArgumentParser(prog="python -m lowcomm.repro.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", nargs="?", type=Path, default=Path("."),
+                        help="the repository whose results/ and READMEs are read and rewritten (default .)")
+    args = parser.parse_args(argv)
+    with counting_skipped():
+        try:
+            files = generated_files(args.root)
+        except ValueError as err:  # a README without its markers, or a stored file that cannot be read
+            sys.exit(f"error: {err}")
+        for path, text in files.items():
+            if path.read_text() != text:
+                path.write_text(text)
+                print(f"updated {path}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ Modeled columns follow lowcomm.repro.wallclock and carry their parameters (bandw
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ from lowcomm.repro.wallclock import (
     step_time,
     steps_to_reach,
 )
+from lowcomm.stored import RERUN, StoredFileError, read_config, readable, reading
 from lowcomm.training.run_dir import read_record
 
 KEY_STDS = ("final_val_loss", "final_val_ppl")
@@ -70,10 +72,10 @@ class RunResult:
     metrics: pd.DataFrame
 
     @classmethod
-    def load(cls, run, run_dir: Path) -> "RunResult":
-        """The run directory of a grid run (lowcomm.repro.experiment.GridRun)."""
-        return cls(run.label, run.method, run.sweep_value, run.seed, run.name, read_record(run_dir),
-                   OmegaConf.load(run_dir / "config.yaml"), pd.read_csv(run_dir / "metrics.csv"))
+    def read(cls, label: str, method: str, sweep_value: Any, seed: int, run_dir: Path) -> "RunResult":
+        """The run stored in run_dir, at its place in the grid; a StoredFileError when one of its files cannot be
+        read."""
+        return cls(label, method, sweep_value, seed, run_dir.name, *read_run_files(run_dir))
 
     def validation_curve(self) -> pd.DataFrame:
         """(step, val_loss) at every validation point."""
@@ -95,16 +97,43 @@ def seed_of(name: str) -> int:
     return int(name.rsplit("-s", 1)[1])
 
 
+def read_table(path: Path, fix: str) -> pd.DataFrame:
+    """The CSV table stored at `path`; a StoredFileError naming `fix` when it is missing, not CSV or cut short (its
+    last line without its line break)."""
+    with reading(path, "a CSV table", fix):
+        text = path.read_text()
+        table = pd.read_csv(io.StringIO(text))
+    if not text.endswith("\n"):
+        raise StoredFileError(path, "cut short (its last line has no line break)", fix)
+    return table
+
+
+def preset_table(preset_dir: Path, name: str = "table") -> pd.DataFrame:
+    """<out>/<experiment>/<preset>/<name>.csv, a table the experiment runner writes."""
+    experiment, preset, out = preset_dir.parent.name, preset_dir.name, preset_dir.parent.parent
+    fix = (f"rebuild it: python -m lowcomm.repro.experiment experiments/{experiment}/config.yaml {preset} "
+           f"--out {out} --tables-only")
+    return read_table(preset_dir / f"{name}.csv", fix)
+
+
+def analytic_table(path: Path) -> pd.DataFrame:
+    """The analytic communication table lowcomm.repro.accounting writes at `path`."""
+    return read_table(path, f"rebuild it: python -m lowcomm.repro.accounting --out {path}")
+
+
+def read_run_files(run_dir: Path) -> tuple[dict, DictConfig, pd.DataFrame]:
+    """A stored run's record.json, config.yaml and metrics.csv; a StoredFileError when one cannot be read."""
+    return read_record(run_dir), read_config(run_dir / "config.yaml", RERUN), read_table(run_dir / "metrics.csv", RERUN)
+
+
 def stored_runs(preset_dir: Path) -> list[RunResult]:
-    """The runs of a stored table, in table order: table.csv names each row's label, method, sweep value and runs."""
-    table = pd.read_csv(preset_dir / "table.csv")
-    runs = []
-    for row in table.itertuples():
-        for name in row.runs.split():
-            run_dir = preset_dir / "runs" / name
-            runs.append(RunResult(row.label, row.method, row.sweep_value, seed_of(name), name, read_record(run_dir),
-                                  OmegaConf.load(run_dir / "config.yaml"), pd.read_csv(run_dir / "metrics.csv")))
-    return runs
+    """The runs of a stored table, in table order: table.csv names each row's label, method, sweep value and runs. A
+    run whose files cannot be read is skipped (lowcomm.stored)."""
+    def read(place: tuple[Any, str]) -> RunResult:
+        row, name = place
+        return RunResult.read(row.label, row.method, row.sweep_value, seed_of(name), preset_dir / "runs" / name)
+
+    return readable(read, [(row, name) for row in preset_table(preset_dir).itertuples() for name in row.runs.split()])
 
 
 def _numeric(value: Any) -> bool:

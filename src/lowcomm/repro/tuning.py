@@ -27,6 +27,7 @@ from lowcomm.optim import OPTIMIZERS
 from lowcomm.paths import TUNED_FILE
 from lowcomm.repro.stats import against_best
 from lowcomm.repro.tables import stored_runs
+from lowcomm.stored import StoredFileError, counting_skipped
 
 SWEEP = "lr_sweep"
 # stages of the sweep, in order: a later stage's choice replaces an earlier one's for the methods it holds
@@ -156,12 +157,16 @@ SHOWN = ["method", "stage", "horizon", "lr", "seeds", "mean", "std", "diff_to_wi
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lowcomm.repro.tuning", description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("results"), help="where lr_sweep/ lies")
     parser.add_argument("--out", type=Path, default=TUNED_FILE, help="the tuned file to write")
     parser.add_argument("--stages", default=",".join(STAGES), help="the sweep's presets, in order")
     args = parser.parse_args(argv)
-    chosen = choices(args.results, tuple(args.stages.split(",")))
+    with counting_skipped():
+        try:
+            chosen = choices(args.results, tuple(args.stages.split(",")))
+        except StoredFileError as err:
+            raise SystemExit(f"error: {err}") from None
     if chosen.empty:
         raise SystemExit(f"error: no lr_sweep table under {args.results}/{SWEEP}/: run `make lr_sweep` first")
     chosen.to_csv(args.results / SWEEP / "chosen.csv", index=False)

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lowcomm.config import ConfigError
 from lowcomm.paths import ROOT
+from lowcomm.stored import RERUN, StoredFileError, read_json
 
 STATUSES = ("complete", "interrupted", "diverged", "failed")
 SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a write that failed for lack of disk space (or quota)
@@ -191,9 +192,7 @@ class RunDirectory:
 
 
 def read_record(path: str | Path) -> dict:
-    """The record.json of the run directory `path`; a lowcomm.stored.StoredFileError when it is missing or not JSON."""
-    from lowcomm.stored import RERUN, read_json
-
+    """The record.json of the run directory `path`; a StoredFileError when it is missing or not JSON."""
     return read_json(Path(path) / "record.json", RERUN)
 
 
@@ -202,7 +201,7 @@ def completed_record(run_dir: str | Path) -> dict | None:
     unfinished run)."""
     try:
         record = read_record(run_dir)
-    except ValueError:  # lowcomm.stored.StoredFileError
+    except StoredFileError:
         return None
     return record if record.get("status") == "complete" else None
 

@@ -7,6 +7,7 @@ stopped by SIGINT / SIGTERM (its record says `status: interrupted` and names the
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -317,12 +318,21 @@ def train(cfg: DictConfig) -> Path:
     return run_dir
 
 
+def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(config file or None, overrides): a first argument with '=' is an override, and then there is no file."""
+    parser = argparse.ArgumentParser(prog="python -m lowcomm.training.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", help="a config file, e.g. experiments/train/config.yaml (optional)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config keys to set, e.g. method=lordo")
+    if not argv:
+        parser.print_help()
+        parser.exit()
+    args = parser.parse_args(argv)
+    return (None, [args.config, *args.overrides]) if "=" in args.config else (args.config, args.overrides)
+
+
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return
-    path, overrides = (argv[0], argv[1:]) if "=" not in argv[0] else (None, argv)
+    path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     run_command(lambda: train(load_config(path, overrides)), "interrupted before training started")
 
 
