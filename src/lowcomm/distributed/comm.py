@@ -12,7 +12,18 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One buffer for one collective: the tensors' entries end to end (the tensor itself when there is one)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])
+
+
+def copy_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """The inverse of `flatten`, in place: each tensor <- its slice of `flat`."""
+    if len(tensors) > 1:
+        for t, piece in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.copy_(piece.view_as(t))
+
 
 KINDS = ("gradient", "projected_gradient", "pseudo_gradient", "optimizer_state", "basis", "factor", "parameters",
          "probe")
@@ -72,13 +83,11 @@ class Communicator:
         self._record(kind, "all_reduce", tensors)
         if self.world_size == 1:
             return
-        flat = _flatten_dense_tensors(tensors) if len(tensors) > 1 else tensors[0]
+        flat = flatten(tensors)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         if op == "mean":
             flat.div_(self.world_size)
-        if len(tensors) > 1:
-            for t, synced in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
-                t.copy_(synced)
+        copy_back(flat, tensors)
 
     def broadcast(self, tensors: torch.Tensor | list[torch.Tensor], kind: str, src: int = 0) -> None:
         """In place: every worker's tensors <- those of rank `src`."""
@@ -88,11 +97,9 @@ class Communicator:
         self._record(kind, "broadcast", tensors)
         if self.world_size == 1:
             return
-        flat = _flatten_dense_tensors(tensors) if len(tensors) > 1 else tensors[0]
+        flat = flatten(tensors)
         dist.broadcast(flat, src=dist.get_global_rank(self.group, src) if self.group else src, group=self.group)
-        if len(tensors) > 1:
-            for t, synced in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
-                t.copy_(synced)
+        copy_back(flat, tensors)
 
     def all_gather(self, tensor: torch.Tensor, kind: str) -> list[torch.Tensor]:
         """Every worker's `tensor`, in rank order."""

@@ -28,17 +28,15 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from lightning.fabric.strategies.launchers.multiprocessing import (
-    _check_missing_main_guard,
-    _disable_module_memory_sharing,
-)
-from lightning.pytorch.strategies.launchers.multiprocessing import (
-    _GlobalStateSnapshot,
-    _MultiProcessingLauncher,
-)
-from torch.multiprocessing import _prctl_pr_set_pdeathsig
 
 from lowcomm.quiet import quiet_libraries
+from lowcomm.training.lightning.private_api import (
+    GlobalStateSnapshot,
+    MultiProcessingLauncher,
+    check_missing_main_guard,
+    disable_module_memory_sharing,
+    kill_when_parent_dies,
+)
 from lowcomm.training.lightning.workers import start_worker_server
 
 COLLECTIVE_FAILED = 75  # a worker's exit status when one of its collectives failed or timed out
@@ -108,7 +106,7 @@ class WorkerFailed(RuntimeError):
         super().__init__("; ".join(f"worker rank {rank} {how}" for rank, how in failures.items()))
 
 
-class SupervisedLauncher(_MultiProcessingLauncher):
+class SupervisedLauncher(MultiProcessingLauncher):
     """Spawned workers under supervision (see the module docstring); the rank-0 worker's `outcome` attribute of
     the LightningModule is handed back to the parent's module."""
 
@@ -119,7 +117,7 @@ class SupervisedLauncher(_MultiProcessingLauncher):
         self._deadline: float | None = None
 
     def launch(self, function: Callable, *args: Any, trainer=None, **kwargs: Any) -> Any:
-        _check_missing_main_guard()
+        check_missing_main_guard()
         # every worker connects to the port the parent chose (Lightning's cluster environment picks a free one)
         os.environ["MASTER_PORT"] = str(self._strategy.cluster_environment.main_port)
         self.received, self._deadline = None, None
@@ -129,7 +127,7 @@ class SupervisedLauncher(_MultiProcessingLauncher):
             return_queue = mp.get_context("forkserver").SimpleQueue()
             context = mp.start_processes(
                 self._wrapping_function,
-                args=(ParentState(), trainer, function, args, kwargs, return_queue, _GlobalStateSnapshot.capture()),
+                args=(ParentState(), trainer, function, args, kwargs, return_queue, GlobalStateSnapshot.capture()),
                 nprocs=self._strategy.num_processes, start_method="forkserver", join=False,
             )
             self.procs = context.processes
@@ -195,10 +193,10 @@ class SupervisedLauncher(_MultiProcessingLauncher):
         in shared memory); killed when its server dies with the parent; a collective failure exits with
         COLLECTIVE_FAILED. After the run it exits as a forked worker does (multiprocessing's exit function, then
         os._exit), which skips seconds of interpreter teardown; its files are written and closed by then."""
-        _prctl_pr_set_pdeathsig(signal.SIGKILL)
+        kill_when_parent_dies(signal.SIGKILL)
         parent.apply()
         quiet_libraries()
-        args, kwargs = _disable_module_memory_sharing((args, kwargs))
+        args, kwargs = disable_module_memory_sharing((args, kwargs))
         try:
             super()._wrapping_function(process_idx, trainer, function, args, kwargs, *rest)
         except KeyboardInterrupt:  # SIGINT before the run's own handlers are installed
