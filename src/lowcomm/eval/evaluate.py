@@ -45,8 +45,7 @@ from lowcomm.eval.tasks import (
 )
 from lowcomm.model import ModelConfig, Transformer
 from lowcomm.quiet import no_progress_bars, quiet_libraries
-from lowcomm.stored import RERUN, StoredFileError, read_config, reading
-from lowcomm.training.run_dir import read_record
+from lowcomm.stored import RERUN, StoredFileError, read_config, read_json, reading
 
 
 class EvaluationError(ValueError):
@@ -288,7 +287,7 @@ def evaluate_run_dir(run_dir: str | Path, tasks: tuple[str, ...] | list[str] = (
         lm = LowcommLM(run_dir, batch_size=batch_size, device=device)
         scores = task_scores(run_lm_eval(lm, manager, loaded, limit))
         downstream.update({name: scores[name] for name in top_level_names(loaded)})
-    record = read_record(run_dir)
+    record = read_json(record_path, RERUN)
     record["downstream"] = {**record.get("downstream", {}), **downstream}
     write_json_atomic(record_path, record)
     return downstream
