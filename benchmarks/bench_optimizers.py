@@ -3,9 +3,10 @@ lordo-125m and llama3-320m (every layer has the same shapes), as ratios to torch
 
 Gradients are fixed; `optimizer.step()` alone is timed, the optimizers taking turns within each repeat (medians
 after warm-up steps), each at its default rank (low-rank Adam family r = d/8, Dion family r = d/4). One thread by
-default; Orth-Dion also with qr_method=cholesky_qr. Beside them, `lordo_projections`: the three rank-r products that
-LoRDO's local step cannot avoid (g = Q^T A, E -= Q g, W -= Q x; 6 p q r FLOPs per matrix), alone, as a floor for its
-ratio. Writes results/bench/optimizers.csv.
+default; LoRDO's step without its update-term norms (training measures them on logged steps only); Orth-Dion also
+with qr_method=cholesky_qr, Muon also with ns_dtype=float32 (its default: bfloat16). Beside
+them, `lordo_projections`: the three rank-r products that LoRDO's local step cannot avoid (g = Q^T A, E -= Q g,
+W -= Q x; 6 p q r FLOPs per matrix), alone, as a floor for its ratio. Writes results/bench/optimizers.csv.
 
     .venv/bin/python benchmarks/bench_optimizers.py [--repeats 7 --threads 1]
 """
@@ -28,6 +29,7 @@ SIZES = ("lordo-16m", "lordo-125m", "llama3-320m")
 OPTIMIZERS = {name: {"name": name} for name in ("adamw", "galore", "ldadam", "lordo_local_step", "dion", "orth_dion",
                                                 "ada_orth_dion", "muon")}
 OPTIMIZERS["orth_dion_cholesky_qr"] = {"name": "orth_dion", "qr_method": "cholesky_qr"}
+OPTIMIZERS["muon_float32"] = {"name": "muon", "ns_dtype": "float32"}
 FLOOR = "lordo_projections"
 
 
@@ -76,6 +78,7 @@ def main() -> None:
         optimizers = {label: build_optimizer({**config, "lr": 1e-3}, matrices) for label, config in OPTIMIZERS.items()}
         # LoRDO's local step takes its basis from the sync engine (the first averaged gradient); here, the gradient
         optimizers["lordo_local_step"].set_bases_from([p.grad for p in optimizers["lordo_local_step"].lowrank_params()])
+        optimizers["lordo_local_step"].measure_update_rms = False  # as training's steps between logged ones
         optimizers[FLOOR] = ProjectionFloor(optimizers["lordo_local_step"])
         times = {name: [] for name in optimizers}
         for repeat in range(args.warmup + args.repeats):

@@ -21,7 +21,7 @@ def verdict(value: float, goal: float, below: bool = True) -> str:
 def harness_rows(df: pd.DataFrame) -> list[tuple]:
     med = df.groupby("case")[["wall_s", "tokens_per_s"]].median()
     rows = []
-    for ours, anchor, goal in (("lowcomm_1_worker", "plain_loop", 1.10), ("lowcomm_4_workers", "plain_ddp_4_workers", 1.05)):
+    for ours, anchor, goal in (("lowcomm_1_worker", "plain_loop", 1.05), ("lowcomm_4_workers", "plain_ddp_4_workers", 1.03)):
         ratio = med.loc[ours, "wall_s"] / med.loc[anchor, "wall_s"]
         tps = med.loc[ours, "tokens_per_s"] / med.loc[anchor, "tokens_per_s"]
         rows.append((f"wall time, `lowcomm.training.train` {ours.split('_', 1)[1].replace('_', ' ')} / {anchor.replace('_', ' ')} "
@@ -70,8 +70,8 @@ def optimizer_rows(df: pd.DataFrame) -> list[tuple]:
         orth = by.loc["orth_dion", "step_ms"] / by.loc["dion", "step_ms"]
         floor = (f" (its three rank-r products alone: {by.loc['lordo_projections', 'ratio_to_adamw']:.2f}x)"
                  if "lordo_projections" in by.index else "")
-        rows.append((f"LoRDO local step / foreach AdamW, {size} matrices{floor}", "<= 1.05x", f"{lordo:.2f}x",
-                     verdict(lordo, 1.05), "bench_optimizers.py"))
+        rows.append((f"LoRDO local step / foreach AdamW, {size} matrices{floor}", "<= 1.35x", f"{lordo:.2f}x",
+                     verdict(lordo, 1.35), "bench_optimizers.py"))
         cholesky = (f" (with qr_method=cholesky_qr: {by.loc['orth_dion_cholesky_qr', 'step_ms'] / by.loc['dion', 'step_ms']:.2f}x)"
                     if "orth_dion_cholesky_qr" in by.index else "")
         rows.append((f"orth_dion / dion optimizer step, {size} matrices{cholesky}", "<= 1.10x", f"{orth:.2f}x",
