@@ -155,7 +155,7 @@ def check_diloco_scaling(table: pd.DataFrame, comparisons, out_dir: Path) -> Non
     t = table.set_index("label")
     assert list(t["train.devices"]) == [1, 2] and t["chosen"].all() and (t["sync.outer_lr"] == 0.7).all()
     batches = [read_record(out_dir / "runs" / f"{label}-s0")["tokens"] for label in t.index]
-    assert batches[0] == batches[1] > 0  # the same tokens: 32 sequences per step at M = 1, 2 x 16 at M = 2
+    assert batches[0] == batches[1] > 0  # the same tokens: 8 sequences per step at M = 1, 2 x 4 at M = 2
 
 
 CHECKS = {"table3_main": check_table3, "stagnation_ablation": check_stagnation, "rank_sweep": check_rank_sweep,

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import shutil
 import subprocess
@@ -432,6 +433,7 @@ def write_tables(tables: dict[str, pd.DataFrame], params: dict, out_dir: Path) -
     (out_dir / "table.md").write_text(markdown(tables, params["kind"], params.get("show", [])))
 
 
+@functools.cache
 def commit_exists(commit: str) -> bool:
     """Whether `commit` (a record's git_commit, '-dirty' allowed) is a commit of this repository."""
     sha = commit.removesuffix("-dirty")
