@@ -12,7 +12,7 @@ from lowcomm.optim import build_optimizer
 from lowcomm.repro.definitions import definitions
 from lowcomm.repro.experiment import experiment_grid, load_spec, resolved_config
 from lowcomm.repro.tables import dion_rank
-from lowcomm.training.train import validate
+from lowcomm.training.validation import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_SIZES = {"lordo-16m", "lordo-125m", "lordo-720m", "gpt2-45m", "llama3-320m"}

@@ -16,7 +16,9 @@ import pytest
 from support import SMOKE
 
 from lowcomm.config import load_config
-from lowcomm.training.train import RunEnded, main, train, validate
+from lowcomm.training.command import RunEnded
+from lowcomm.training.train import main, train
+from lowcomm.training.validation import validate
 
 pytestmark = pytest.mark.slow  # trains with several worker processes
 

@@ -8,7 +8,8 @@ import torch
 from support import SMOKE
 
 from lowcomm.config import ConfigError, load_config
-from lowcomm.training.train import train, validate
+from lowcomm.training.train import train
+from lowcomm.training.validation import validate
 
 pytestmark = pytest.mark.slow  # trains with several worker processes
 

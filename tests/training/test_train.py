@@ -17,7 +17,8 @@ from lowcomm.training import run_dir as run_dir_module
 from lowcomm.training.lightning.module import LanguageModelTask
 from lowcomm.training.memory import check_memory
 from lowcomm.training.run_dir import RunDirectory
-from lowcomm.training.train import check_environment, main, train, validate
+from lowcomm.training.train import main, train
+from lowcomm.training.validation import check_environment, validate
 from lowcomm.training.validation import check_devices
 
 pytestmark = pytest.mark.slow  # trains with several worker processes

@@ -81,7 +81,9 @@ from lowcomm.repro.tables import (
 from lowcomm.repro.tuning import tuned_overrides
 from lowcomm.stored import RERUN, StoredFileError, counting_skipped, read_config, readable, skip
 from lowcomm.training.run_dir import read_record
-from lowcomm.training.train import RunEnded, train, validate
+from lowcomm.training.command import RunEnded
+from lowcomm.training.train import train
+from lowcomm.training.validation import validate
 
 RESULTS = Path("results")
 SPEC_KEYS = {"name", "base", "presets", "runs", "sweep", "table", "downstream", "keep_diverged", "report"}

@@ -31,7 +31,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lowcomm.config import ConfigError, load_config
-from lowcomm.training.train import INSIDE_EMULATED_NETWORK, RunEnded, run_command, validate
+from lowcomm.training.command import INSIDE_EMULATED_NETWORK, RunEnded, run_command
+from lowcomm.training.validation import validate
 
 PROBE_SECONDS = 2.0  # each link's bulk transfer lasts about this long at its cap
 RENDEZVOUS_PORT = 29500

