@@ -15,6 +15,7 @@ from lowcomm.model import model_config
 from lowcomm.repro import experiment
 from lowcomm.training import run_dir as run_dir_module
 from lowcomm.training.lightning.module import LanguageModelTask
+from lowcomm.training import memory
 from lowcomm.training.memory import check_memory
 from lowcomm.training.run_dir import RunDirectory
 from lowcomm.training.train import main, train
@@ -156,6 +157,18 @@ def test_a_batch_that_cannot_fit_fails_in_one_line_naming_the_batch_size():
     check_memory(load_config(None, [f"data.batch_size={fits}"]), model_config("cpu"), have)
     with pytest.raises(ConfigError):
         check_memory(load_config(None, [f"data.batch_size={fits + 1}"]), model_config("cpu"), have)
+
+
+@pytest.mark.parametrize("limit, expected_gb", [(None, 20), ("max", 20), (str(12 * 2**30), 9)])
+def test_available_memory_is_meminfos_capped_by_the_containers_limit_less_its_anonymous_memory(
+        tmp_path, monkeypatch, limit, expected_gb):
+    (tmp_path / "meminfo").write_text(f"MemTotal: {32 * 2**20} kB\nMemAvailable: {20 * 2**20} kB\n")
+    monkeypatch.setattr(memory, "MEMINFO", tmp_path / "meminfo")
+    monkeypatch.setattr(memory, "CGROUP", tmp_path)
+    if limit is not None:  # 3 GB anonymous, 5 GB page cache (reclaimable)
+        (tmp_path / "memory.max").write_text(limit + "\n")
+        (tmp_path / "memory.stat").write_text(f"anon {3 * 2**30}\nfile {5 * 2**30}\n")
+    assert memory.available_bytes() == expected_gb * 2**30
 
 
 def test_gpu_without_a_gpu_is_an_error_before_start(monkeypatch):

@@ -23,6 +23,8 @@ from lowcomm.model import ModelConfig, parameter_count
 FRAMEWORK_BYTES = 350 * 2**20  # a worker's Python, torch and Lightning before its first tensor
 STATE_PER_PARAMETER = 2  # optimizer-state values per parameter (AdamW's m and v)
 FLOAT_BYTES = 4
+MEMINFO = Path("/proc/meminfo")
+CGROUP = Path("/sys/fs/cgroup")  # cgroup v2: memory.max and memory.stat of this container
 
 
 def activation_floats_per_token(cfg: ModelConfig, context: int) -> int:
@@ -40,18 +42,20 @@ def worker_peak_bytes(cfg: ModelConfig, batch_size: int, context: int) -> dict[s
 
 
 def available_bytes() -> int | None:
-    """Memory this process may still use: MemAvailable, capped by a cgroup (container) limit; None where unknown."""
+    """Memory this process may still use: MemAvailable, capped by a cgroup (container) limit less the cgroup's
+    anonymous memory (its page cache is reclaimable, as MemAvailable counts it); None where unknown."""
     try:
-        meminfo = Path("/proc/meminfo").read_text()
+        meminfo = MEMINFO.read_text()
     except OSError:
         return None
     free = next(int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:"))
     try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-    except (OSError, ValueError):
+        limit = (CGROUP / "memory.max").read_text().strip()
+        stat = dict(line.split() for line in (CGROUP / "memory.stat").read_text().splitlines())
+        anon = int(stat["anon"])
+    except (OSError, ValueError, KeyError):
         return free
-    return free if limit == "max" else min(free, int(limit) - used)
+    return free if limit == "max" else min(free, int(limit) - anon)
 
 
 def size_text(n: float) -> str:
