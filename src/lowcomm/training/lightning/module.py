@@ -194,8 +194,8 @@ class LanguageModelTask(L.LightningModule):
             for rank, needed in zip(stop.ranks, stop.needed))
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        """At every step boundary: stop on a signal or a non-finite loss (every rank alike), log, validate,
-        checkpoint and report progress. A diverged step is logged, but neither validated nor checkpointed."""
+        """At every step boundary: stop on a signal, a non-finite loss or a write that failed for lack of space (every
+        rank alike), log, validate, checkpoint and report progress. A diverged step is logged, but neither validated nor checkpointed."""
         step = self.global_step
         t = self.cfg.train
         loss = float(outputs["loss"])
@@ -243,9 +243,7 @@ class LanguageModelTask(L.LightningModule):
         stop = self.stop
         self.outcome = {"status": "complete", "steps": self.global_step}
         if stop is not None:
-            checkpoint = last_checkpoint(self.run_dir, self.trainer.world_size) if self.run_dir else None
-            self.outcome.update(status=stop.status, stopped_at_step=stop.step,
-                                last_checkpoint=str(checkpoint or self.cfg.run.resume_from or "") or None)
+            self.outcome.update(status=stop.status, stopped_at_step=stop.step, last_checkpoint=self.resume_point())
             self.outcome.update({"signal": stop.signal, "signalled_ranks": list(stop.ranks)} if stop.signal
                                 else {"failure": self.no_space_message(stop)} if stop.status == "failed"
                                 else {"nonfinite_loss_ranks": list(stop.ranks)})
@@ -258,12 +256,16 @@ class LanguageModelTask(L.LightningModule):
                 self.run.write_model(self.model)
             except NoSpace as err:
                 self.outcome.update(status="failed", failure=f"rank 0 could not write: {err}",
-                                    last_checkpoint=str(last_checkpoint(self.run_dir, self.trainer.world_size)
-                                                        or self.cfg.run.resume_from or "") or None)
+                                    last_checkpoint=self.resume_point())
         try:
             self.write_record(final, tokens, identical)
         except NoSpace as err:
             self.outcome["record"] = f"not written ({err})"
+
+    def resume_point(self) -> str | None:
+        """The checkpoint a stopped run continues from: its last complete one, else the one it resumed from."""
+        checkpoint = last_checkpoint(self.run_dir, self.trainer.world_size) if self.run_dir else None
+        return str(checkpoint or self.cfg.run.resume_from or "") or None
 
     def write_record(self, final: float, tokens: int, identical: bool) -> None:
         self.run.write_record({
