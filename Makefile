@@ -5,8 +5,8 @@ export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 # VERBOSE=1: library banners and progress bars (silenced by default)
 export LOWCOMM_VERBOSE := $(VERBOSE)
 
-# Every experiment is a folder experiments/<name>/ whose config.yaml has a `report` section (lowcomm.repro.definitions);
-# `make experiments` runs those without `in_all: false`.
+# Every experiment is a folder experiments/<name>/ whose config.yaml has a `report` entry (lowcomm.repro.spec; the
+# folder is the whole definition); `make experiments` runs those without `in_all: false`.
 DEFINED     := $(patsubst experiments/%/config.yaml,%,$(shell grep -l '^report:' experiments/*/config.yaml))
 EXPERIMENTS := $(filter-out $(patsubst experiments/%/config.yaml,%,$(shell grep -l '^  in_all: false' experiments/*/config.yaml)),$(DEFINED))
 

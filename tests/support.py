@@ -1,10 +1,15 @@
-"""Helpers shared by the tests: the smoke-size training overrides, and a one-process harness for the sync engines
-(every method with small periods, a model, optimizer and engine per rank, a training step)."""
+"""Helpers shared by the tests: the smoke-size training overrides, a one-process harness for the sync engines
+(every method with small periods, a model, optimizer and engine per rank, a training step), the one line a command
+exits with, and SmolLM-schema files on disk."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
+from lowcomm import data
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.options import sync_options
 from lowcomm.distributed.sync import build_sync_engine
@@ -88,3 +93,24 @@ def train_step(model, optimizer, engine, step: int, rank: int, clip: float | Non
     optimizer.step()
     engine.after_optimizer_step(step)
     return loss.item()
+
+
+def error_line(main, argv: list[str]) -> str:
+    """The one line `main(argv)` exits with (it must exit with a message, not a traceback)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    message = str(exit_.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+def local_smollm_files(tmp_path, texts, per_source=20) -> dict[str, str]:
+    """One JSONL file of `per_source` texts per SmolLM source, in the hub's schema: source name -> path."""
+    files = {}
+    for k, name in enumerate(data.SMOLLM_SOURCES):
+        path = tmp_path / f"{name}.jsonl"
+        with open(path, "w") as f:
+            for text in texts[k * per_source:(k + 1) * per_source]:
+                f.write(json.dumps({"text": text, "id": name}) + "\n")
+        files[name] = str(path)
+    return files

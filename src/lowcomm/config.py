@@ -1,7 +1,8 @@
 """Run configuration: typed sections merged from YAML files and `key=value` overrides (OmegaConf).
 
-A config file may name a `method` preset (experiments/methods/<method>.yaml): the preset is merged first,
-then the file, then the command line. Unknown keys are errors that name the key.
+A config file may name a `method` preset (lowcomm/methods/<method>.yaml, package data): the preset is merged first,
+then the file, then the command line. Unknown keys are errors that name the key. `run_config` turns a loaded config
+into one typed, frozen RunConfig, which is all a run reads.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import copy
 import dataclasses
 import functools
 from dataclasses import dataclass, field
+from importlib.resources import as_file
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,9 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from lowcomm.data import DataConfig
 from lowcomm.distributed.options import SyncOptions, sync_options
+from lowcomm.model import ModelConfig, model_config_from
 from lowcomm.optim.registry import optimizer_options
-from lowcomm.paths import METHODS_DIR
+from lowcomm.paths import METHODS_DIR, method_names
 
 
 @dataclass
@@ -38,7 +41,7 @@ class ModelSection:
     rope_theta: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainSection:
     steps: int = 600
     schedule_steps: int | None = None  # the cosine's length (default train.steps): > steps runs the start of a longer run
@@ -61,7 +64,7 @@ class TrainSection:
     link_rate_mbit: float = 0.0  # > 0: one worker per emulated node, links capped at this rate (needs root)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSection:
     out_dir: str = "runs"
     name: str | None = None  # default: <method>-<model size>-s<seed>-<timestamp>
@@ -107,6 +110,38 @@ def parse_sections(cfg: DictConfig | dict) -> Sections:
         raise ConfigError(str(err)) from None
 
 
+@dataclass(frozen=True)
+class RunConfig:
+    """A run's whole config, typed and frozen: what a run reads below its entry (lowcomm.training.train.train).
+    `model` is the named size `model_size` with the config's overrides; optim_name, optim and sync are the parsed
+    Sections; `tree` is the loaded config as plain data, which the run directory's config.yaml and each checkpoint
+    store."""
+
+    method: str | None
+    model_size: str
+    model: ModelConfig
+    data: DataConfig
+    optim_name: str
+    optim: Any  # lowcomm.optim.OPTIMIZERS[optim_name].options
+    sync: SyncOptions
+    train: TrainSection
+    run: RunSection
+    tree: dict
+
+
+def run_config(cfg: DictConfig) -> RunConfig:
+    """The RunConfig of a loaded config (load_config); ConfigError in the config's key names on a bad value."""
+    tree = OmegaConf.to_container(cfg)
+    try:
+        model = model_config_from(tree["model"])
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    sections = parse_sections(tree)
+    typed = OmegaConf.to_object(cfg)
+    return RunConfig(cfg.method, cfg.model.size, model, typed.data, sections.optim_name, sections.optim, sections.sync,
+                     typed.train, typed.run, tree)
+
+
 def _merge(base: DictConfig, update: DictConfig | dict, origin: str) -> DictConfig:
     try:
         return OmegaConf.merge(base, update)
@@ -133,11 +168,12 @@ def load_yaml(path: str | Path) -> DictConfig:
 
 
 def method_preset(name: str) -> DictConfig:
-    path = METHODS_DIR / f"{name}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in METHODS_DIR.glob("*.yaml"))
-        raise ConfigError(f"method={name!r} has no preset {path}: choose one of {known}")
-    return load_yaml(path)
+    """The method preset `name`: lowcomm/methods/<name>.yaml, package data (its optim and sync sections)."""
+    preset = METHODS_DIR / f"{name}.yaml"
+    if not preset.is_file():
+        raise ConfigError(f"method={name!r} has no preset {preset}: choose one of {method_names()}")
+    with as_file(preset) as path:
+        return load_yaml(path)
 
 
 @functools.cache

@@ -39,7 +39,7 @@ SMOLLM_SOURCES = {
 SMOLLM_TOKENIZER = "HuggingFaceTB/SmolLM-135M"
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     corpus: str = "offline"  # "offline" | "smollm"
     context: int = 128

@@ -1,11 +1,18 @@
-"""Where the repository keeps what the package reads: experiment configs, method presets, task files."""
+"""Where things lie: the package's own data (the method presets, read through importlib.resources, so an installed
+package has them) and the checkout's experiment files, which only the reproduction layer reads."""
 
+from importlib.resources import files
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+METHODS_DIR = files("lowcomm") / "methods"
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, when the package is its src/lowcomm
 EXPERIMENTS = ROOT / "experiments"
-METHODS_DIR = EXPERIMENTS / "methods"
 SHARED_PRESETS = EXPERIMENTS / "presets.yaml"
 TUNED_FILE = EXPERIMENTS / "tuned_lr.yaml"
-TASKS_DIR = ROOT / "tasks"
 FIGURES_DIR = ROOT / "paper_figures"
+
+
+def method_names() -> list[str]:
+    """The method presets that ship with the package: the names of METHODS_DIR/<name>.yaml, sorted."""
+    return sorted(p.name.removesuffix(".yaml") for p in METHODS_DIR.iterdir() if p.name.endswith(".yaml"))

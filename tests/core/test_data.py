@@ -1,12 +1,8 @@
-import json
-import math
-
 import pytest
 import torch
-from support import SMOKE
+from support import local_smollm_files
 
 from lowcomm import data
-from lowcomm.config import load_config
 from lowcomm.data import (
     DataConfig,
     DataUnavailable,
@@ -19,7 +15,6 @@ from lowcomm.data import (
     smollm_validation_texts,
     train_bpe,
 )
-from lowcomm.training.train import train
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +76,6 @@ def test_missing_corpus_package_names_the_install(monkeypatch):
         data.bible_passages()
 
 
-def local_smollm_files(tmp_path, texts, per_source=20):
-    files = {}
-    for k, name in enumerate(data.SMOLLM_SOURCES):
-        path = tmp_path / f"{name}.jsonl"
-        with open(path, "w") as f:
-            for text in texts[k * per_source:(k + 1) * per_source]:
-                f.write(json.dumps({"text": text, "id": name}) + "\n")
-        files[name] = str(path)
-    return files
-
-
 def test_smollm_path_runs_on_local_files_of_the_same_schema(tmp_path, split):
     tok = train_bpe(split[0][:100], 512)
     cfg = DataConfig(corpus="smollm", context=32, data_files=local_smollm_files(tmp_path, split[0]), val_documents=4)
@@ -117,15 +101,3 @@ def test_smollm_validation_documents_are_the_first_of_each_source_and_never_trai
     trained = {doc["text"] for doc in smollm_mixture(cfg, 0, 1)}
     assert not trained & set(val) and trained | set(val) == set(texts)
 
-
-def test_smollm_run_reports_validation_loss(tmp_path, split):
-    """Two workers train on local SmolLM-schema files with a tokenizer file; the held-out set gives a finite loss."""
-    tokenizer = tmp_path / "tokenizer.json"
-    train_bpe(split[0][:200], 512).save(str(tokenizer))
-    files = local_smollm_files(tmp_path, split[0][:200], per_source=50)
-    overrides = [*SMOKE, "data.corpus=smollm", f"data.tokenizer={tokenizer}", "data.val_documents=40",
-                 "data.data_files={" + ", ".join(f"{k}: {v}" for k, v in files.items()) + "}",
-                 "train.steps=4", "train.warmup=2", "train.val_every=2", "train.log_every=2", f"run.out_dir={tmp_path}",
-                 "run.name=smollm"]
-    record = json.loads((train(load_config(None, overrides)) / "record.json").read_text())
-    assert math.isfinite(record["final_val_loss"]) and record["final_val_loss"] < record["initial_val_loss"]

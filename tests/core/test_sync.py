@@ -10,7 +10,9 @@ import pytest
 import torch
 from support import METHODS, RANK, K, analytic_options, build, train_step
 
-from lowcomm.config import METHODS_DIR, load_config
+from lowcomm.config import load_config
+from lowcomm.cost.bytes import analytic_bytes_at
+from lowcomm.cost.shapes import param_shapes
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.options import SYNC_KINDS, sync_options
 from lowcomm.distributed.sync import (
@@ -20,7 +22,7 @@ from lowcomm.distributed.sync import (
 )
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim.protocols import CarriesBasis, CountsStateBytes, ReportsSpectralStats, SynchronizesItself
-from lowcomm.repro.accounting import analytic_bytes_at, param_shapes
+from lowcomm.paths import EXPERIMENTS
 
 
 def payload_by_step(comm: Communicator) -> dict[int, dict[str, float]]:
@@ -256,7 +258,7 @@ def test_metrics_report_state_memory_update_rms_and_subspace_movement():
 def test_stagnating_preset_and_the_stagnation_tests_agree_on_weight_decay():
     """The shipped lordo_global_noqh is the exact stagnating variant (omega = 1, weight decay 0) that the
     stagnation tests use, also when loaded through the training config."""
-    cfg = load_config(str(METHODS_DIR.parents[0] / "train" / "config.yaml"), ["method=lordo_global_noqh"])
+    cfg = load_config(str(EXPERIMENTS / "train" / "config.yaml"), ["method=lordo_global_noqh"])
     _, optim_cfg = METHODS["lordo_global_noqh"]
     assert cfg.optim.weight_decay == optim_cfg["weight_decay"] == 0.0
     assert cfg.optim.omega == optim_cfg["omega"] == 1.0

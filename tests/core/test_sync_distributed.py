@@ -11,13 +11,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from support import METHODS, analytic_options, bases, batch, build, train_step
 
+from lowcomm.cost.bytes import analytic_bytes_at, setup_bytes
+from lowcomm.cost.shapes import param_shapes
 from lowcomm.distributed.comm import Communicator
 from lowcomm.distributed.options import sync_options
 from lowcomm.distributed.sync import build_sync_engine
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
 from lowcomm.optim.projection import principal_angles, projection_side, top_basis
-from lowcomm.repro.accounting import analytic_bytes_at, param_shapes, setup_bytes
 
 pytestmark = pytest.mark.slow  # trains with several worker processes
 

@@ -1,6 +1,6 @@
-"""The analytic communication and memory model against closed forms written out by hand, the optimizers' real state,
-and the paper-settings table. (Measured bytes are checked against it in test_sync.py and test_sync_distributed.py,
-measured collectives and state in test_experiments_smoke.py.)"""
+"""The analytic communication and memory model (lowcomm.cost) against closed forms written out by hand, the
+optimizers' real state, and the paper-settings table (lowcomm.repro.accounting). (Measured bytes are checked against
+it in test_sync.py and test_sync_distributed.py, measured collectives and state in test_experiments_smoke.py.)"""
 
 from __future__ import annotations
 
@@ -11,30 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from lowcomm.cost.bytes import analytic_bytes_at, analytic_bytes_per_step, analytic_collectives_per_step, setup_bytes
+from lowcomm.cost.method import AccountedMethod, accounted_method, matrix_rank
+from lowcomm.cost.shapes import ParamShapes, model_shapes, param_shapes
+from lowcomm.cost.state import STATE_KINDS, analytic_optimizer_state, analytic_sync_state, state_summary
+from lowcomm.cost.wallclock import LATENCY_S, step_time
 from lowcomm.distributed.options import sync_options
 from lowcomm.distributed.sync import optimizer_state_bytes
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
 from lowcomm.optim.lowrank_adam import LowRankAdam
-from lowcomm.repro.accounting import (
-    AccountedMethod,
-    ParamShapes,
-    accounted_method,
-    analytic_bytes_at,
-    analytic_bytes_per_step,
-    analytic_collectives_per_step,
-    analytic_optimizer_state,
-    analytic_sync_state,
-    main,
-    matrix_rank,
-    model_shapes,
-    paper_crossover,
-    paper_table,
-    param_shapes,
-    setup_bytes,
-    state_summary,
-)
-from lowcomm.repro.wallclock import LATENCY_S, step_time
+from lowcomm.repro.accounting import CPU_RANK, main, paper_crossover, paper_table, state_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -264,8 +251,6 @@ def test_paper_table_state_ratios():
 
 def test_the_state_table_at_the_cpu_size_equals_the_stored_claim_runs_by_kind():
     """Each kind of state of the analytic cpu-size row (MB) equals what the stored 1,024-step runs measured."""
-    from lowcomm.repro.accounting import CPU_RANK, STATE_KINDS, state_rows
-
     rows = {r["method"]: r for r in state_rows(paper_table(steps=1024, sizes={"cpu": CPU_RANK}))}
     for method in ("ddp", "local_adam", "lordo_local", "lordo", "lowrank_ddp"):
         record = json.loads((ROOT / "results" / "table3_main" / "claim" / "runs" / f"{method}-s1" / "record.json")

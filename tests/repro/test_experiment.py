@@ -13,18 +13,19 @@ import pytest
 from omegaconf import OmegaConf
 
 from lowcomm.config import ConfigError
+from lowcomm.cost.wallclock import compute_seconds, crossover_rate_mbit, step_time, steps_to_reach
 from lowcomm.repro import experiment
 from lowcomm.repro.experiment import (
     compare_to_reference,
     config_difference,
     experiment_grid,
-    load_spec,
     provenance_problems,
     resolved_config,
     stale_reason,
 )
+from lowcomm.repro.spec import load_spec
+from lowcomm.repro.store import ResultsStore
 from lowcomm.repro.stats import sample_std, within_reference
-from lowcomm.repro.wallclock import compute_seconds, crossover_rate_mbit, step_time, steps_to_reach
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """
@@ -183,7 +184,7 @@ def test_every_committed_table_row_traces_to_committed_runs(monkeypatch):
     for name, preset in committed_tables():
         config = ROOT / "experiments" / name / "config.yaml"
         assert config.exists(), f"results/{name}/{preset}/table.csv has no experiment config {config}"
-        assert provenance_problems(config, preset, Path("results")) == [], f"results/{name}/{preset}"
+        assert provenance_problems(config, preset, ResultsStore(Path("results"))) == [], f"results/{name}/{preset}"
 
 
 def test_progress_lines_name_the_run_and_estimate_the_rest(capsys, monkeypatch):
@@ -230,18 +231,18 @@ def test_a_run_another_experiment_already_trained_is_copied_not_retrained(spec_p
     source = out / "other" / "claim" / "runs" / "lordo-s0"
     store_source(spec, run, source, {"status": "complete", "final_val_loss": 4.0})
     trained = stub_training(monkeypatch)
-    experiment.run_experiment(spec_path, "smoke", out)
+    experiment.run_experiment(spec_path, "smoke", ResultsStore(out))
     copied = out / "demo" / "smoke" / "runs" / run.name
     assert trained == [] and OmegaConf.load(copied / "config.yaml").run.name == run.name
     assert json.loads((copied / "record.json").read_text()) == {"status": "complete", "final_val_loss": 4.0,
                                                                  "copied_from": "other/claim/runs/lordo-s0"}
     assert stale_reason(copied, resolved_config(spec, run, copied.parent)) is None  # reused from now on
-    experiment.run_experiment(spec_path, "smoke", out, force=True)  # --force trains it anew
+    experiment.run_experiment(spec_path, "smoke", ResultsStore(out), force=True)  # --force trains it anew
     assert trained == [run.name]
     other = resolved_config(spec, experiment_grid(spec, "smoke", extra=["optim.lr=5e-3"])[0], source.parent)
     OmegaConf.save(other, source / "config.yaml")
     shutil.rmtree(copied)
-    experiment.run_experiment(spec_path, "smoke", out)  # a different config is trained, not copied
+    experiment.run_experiment(spec_path, "smoke", ResultsStore(out))  # a different config is trained, not copied
     assert trained == [run.name, run.name] and "copied_from" not in json.loads((copied / "record.json").read_text())
 
 
@@ -263,7 +264,7 @@ def test_a_run_is_copied_only_where_the_experiments_downstream_tasks_can_be_scor
         (source / "model.pt").write_bytes(b"")
     trained, scored = stub_training(monkeypatch), []
     monkeypatch.setattr(experiment, "evaluate_downstream", lambda run_dir, tasks: scored.append((run_dir.name, tasks)))
-    experiment.run_experiment(spec_path, "smoke", out)
+    experiment.run_experiment(spec_path, "smoke", ResultsStore(out))
     record = json.loads((out / "demo" / "smoke" / "runs" / run.name / "record.json").read_text())
     assert ("copied_from" in record) == copied and trained == ([] if copied else [run.name])
     assert scored == [(run.name, ["heldout_passage_ending"])]

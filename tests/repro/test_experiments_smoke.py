@@ -13,22 +13,14 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from lowcomm.repro import experiment, figures, report
-from lowcomm.repro.accounting import (
-    analytic_collectives_per_step,
-    analytic_optimizer_state,
-    analytic_sync_state,
-    model_shapes,
-    paper_table,
-    write_rows,
-)
-from lowcomm.repro.definitions import definitions
-from lowcomm.repro.experiment import (
-    experiment_grid,
-    load_spec,
-    provenance_problems,
-    run_experiment,
-)
+from lowcomm.cost.bytes import analytic_collectives_per_step
+from lowcomm.cost.shapes import model_shapes
+from lowcomm.cost.state import analytic_optimizer_state, analytic_sync_state
+from lowcomm.repro import experiment, figures, judge
+from lowcomm.repro.accounting import paper_table, write_rows
+from lowcomm.repro.experiment import experiment_grid, provenance_problems, run_experiment
+from lowcomm.repro.spec import load_spec, reported
+from lowcomm.repro.store import ResultsStore
 from lowcomm.training.run_dir import read_record
 
 pytestmark = pytest.mark.slow  # trains with several worker processes
@@ -39,12 +31,12 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """run(name) -> the experiment's smoke output directory, trained once per test module."""
-    out = tmp_path_factory.mktemp("smoke-results")
+    store = ResultsStore(tmp_path_factory.mktemp("smoke-results"))
     done: dict[str, Path] = {}
 
     def run(name: str) -> Path:
         if name not in done:
-            done[name] = run_experiment(ROOT / "experiments" / name / "config.yaml", "smoke", out)
+            done[name] = run_experiment(ROOT / "experiments" / name / "config.yaml", "smoke", store).dir
         return done[name]
     return run
 
@@ -123,7 +115,7 @@ def check_lr_sweep(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path
 
 def check_horizon(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
     """Each horizon a run; the gap to ddp per horizon (paired: zero seeds' interval with one seed)."""
-    assert sorted(set(table["sweep_value"])) == [16, 32] and (table["ddp_steps_to_final"] > 0).any()
+    assert sorted(set(table["sweep_value"])) == [16, 32] and (table["baseline_steps_to_final"] > 0).any()
 
 
 def check_compressed(table: pd.DataFrame, comparisons: pd.DataFrame, out_dir: Path) -> None:
@@ -167,13 +159,13 @@ CHECKS = {"table3_main": check_table3, "stagnation_ablation": check_stagnation, 
 
 
 def test_every_experiment_has_a_smoke_check_and_a_make_target():
-    assert set(CHECKS) == set(definitions()), "give each experiment a check_<name> here"
-    for d in definitions().values():
-        done = subprocess.run(["make", "-n", d.target], cwd=ROOT, capture_output=True, text=True)
-        assert done.returncode == 0 and d.config.name in done.stdout, (d.target, done.stderr)
+    assert set(CHECKS) == set(reported()), "give each experiment a check_<name> here"
+    for spec in reported().values():
+        done = subprocess.run(["make", "-n", spec.report.target], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0 and spec.config.name in done.stdout, (spec.report.target, done.stderr)
 
 
-@pytest.mark.parametrize("name", list(definitions()))
+@pytest.mark.parametrize("name", list(reported()))
 def test_smoke_preset_trains_aggregates_traces_draws_and_reports(name, smoke, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     out_dir = smoke(name)
@@ -185,15 +177,17 @@ def test_smoke_preset_trains_aggregates_traces_draws_and_reports(name, smoke, tm
     assert (table["final_val_loss"] < table["initial_val_loss"]).all()
     comparisons = pd.read_csv(out_dir / "comparisons.csv") if (out_dir / "comparisons.csv").exists() else None
     CHECKS[name](table, comparisons, out_dir)
-    assert provenance_problems(config, "smoke", results) == []
+    store = ResultsStore(results, tmp_path)
+    assert provenance_problems(config, "smoke", store) == []
     if name == "communication":
         write_rows(paper_table(steps=1000), str(results / "communication" / "analytic.csv"))
-    figures.draw(out_dir, tmp_path / name)
-    assert (tmp_path / f"{name}.png").stat().st_size > 10_000 and (tmp_path / f"{name}.pdf").exists()
-    if not definitions()[name].claims:
+    png = figures.draw(store.preset(name, "smoke"), load_spec(config))
+    assert png.stat().st_size > 10_000 and png.with_suffix(".pdf").exists()
+    spec = load_spec(config)
+    if not spec.claims:
         return
-    claims = report.claims_of(name, report.Stored(results, name, "smoke"))
-    verdicts = {report.REPRODUCED, report.NOT_REPRODUCED, report.NOT_TESTABLE, report.PENDING, report.NO_VERDICT,
+    claims = [judge.judge(claim, judge.Stored(store.preset(name, "smoke"))) for claim in spec.claims]
+    verdicts = {judge.REPRODUCED, judge.NOT_REPRODUCED, judge.NOT_TESTABLE, judge.PENDING, judge.NO_VERDICT,
                 "equivalent", "inconclusive"}
     assert claims and all(c.verdict in verdicts or c.verdict.startswith("open question") for c in claims), claims
 
@@ -207,18 +201,18 @@ def test_finished_runs_are_reused_and_a_changed_config_is_rerun(smoke, monkeypat
     monkeypatch.setattr(experiment, "train", lambda cfg: trained.append(cfg.run.name) or 1 / 0)
     (out_dir / "table.csv").unlink()
     config = ROOT / "experiments" / "stagnation_ablation" / "config.yaml"
-    run_experiment(config, "smoke", out_dir.parent.parent)
+    run_experiment(config, "smoke", ResultsStore(out_dir.parent.parent))
     assert trained == [] and (out_dir / "table.csv").exists()  # every run reused, the tables rebuilt
     smoke("table3_main")  # its lordo-s0 has the config of this experiment's lordo-s0
     stored = out_dir / "runs" / "lordo-s0" / "config.yaml"
     OmegaConf.save(OmegaConf.merge(OmegaConf.load(stored), {"optim": {"lr": 1.0}}), stored)
-    run_experiment(config, "smoke", out_dir.parent.parent)  # the stale run is replaced by the identical stored one
+    run_experiment(config, "smoke", ResultsStore(out_dir.parent.parent))  # the stale run is replaced by the identical stored one
     source = read_record(stored.parent)["copied_from"]  # table3_main's, or another experiment's with that config
     assert trained == [] and source.endswith("/smoke/runs/lordo-s0") and not source.startswith("stagnation")
     OmegaConf.save(OmegaConf.merge(OmegaConf.load(stored), {"optim": {"lr": 1.0}}), stored)
     monkeypatch.setattr(experiment, "complete_runs", lambda *args: {})  # nothing identical stored: it is trained
     with pytest.raises(ZeroDivisionError):
-        run_experiment(config, "smoke", out_dir.parent.parent)
+        run_experiment(config, "smoke", ResultsStore(out_dir.parent.parent))
     assert trained == ["lordo-s0"] and not (out_dir / "runs" / "lordo-s0").exists()
 
 
@@ -227,13 +221,13 @@ def test_provenance_check_catches_a_run_made_with_another_config_or_commit(smoke
     out_dir = smoke("table3_main")  # tampered in place: the stored configs name this directory
     results = out_dir.parent.parent
     config = ROOT / "experiments" / "table3_main" / "config.yaml"
-    assert provenance_problems(config, "smoke", results) == []
+    assert provenance_problems(config, "smoke", ResultsStore(results)) == []
     stored = out_dir / "runs" / "lordo-s0" / "config.yaml"
     OmegaConf.save(OmegaConf.merge(OmegaConf.load(stored), {"optim": {"lr": 1.0}}), stored)
-    problems = provenance_problems(config, "smoke", results)
+    problems = provenance_problems(config, "smoke", ResultsStore(results))
     assert len(problems) == 1 and problems[0].startswith("lordo: run lordo-s0 was made with another config (optim.lr")
     record = out_dir / "runs" / "ddp-s0" / "record.json"
     record.write_text(json.dumps({**json.loads(record.read_text()), "git_commit": "0" * 40}))
-    assert provenance_problems(config, "smoke", results)[0].startswith("ddp: run ddp-s0 has commit '0000")
+    assert provenance_problems(config, "smoke", ResultsStore(results))[0].startswith("ddp: run ddp-s0 has commit '0000")
     shutil.rmtree(out_dir / "runs" / "ddp-s0")
-    assert "ddp: run ddp-s0 has no record.json" in provenance_problems(config, "smoke", results)[0]
+    assert "ddp: run ddp-s0 has no record.json" in provenance_problems(config, "smoke", ResultsStore(results))[0]

@@ -3,13 +3,14 @@
 from pathlib import Path
 
 from lowcomm.repro import figures
+from lowcomm.repro.store import ResultsStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_figures_are_regenerated_from_committed_results(tmp_path):
     stored = {f"{p.parent.parent.name}_{p.parent.name}" for p in (ROOT / "results").glob("*/*/table.csv")}
-    written = figures.draw_all(ROOT / "results", tmp_path)
+    written = figures.draw_all(ResultsStore(ROOT / "results", tmp_path))
     assert {p.stem for p in written} == stored
     assert all(p.stat().st_size > 10_000 and p.with_suffix(".pdf").exists() for p in written)
     committed = {p.stem for p in (ROOT / "paper_figures").glob("*.png")}
@@ -17,7 +18,7 @@ def test_committed_figures_are_regenerated_from_committed_results(tmp_path):
 
 
 def test_the_forms_figure_places_each_run_at_the_beta_of_its_published_form():
-    points = figures.published_form_points(ROOT / "results" / "beta_sweep" / "forms")
+    points = figures.published_form_points(ResultsStore(ROOT / "results").preset("beta_sweep", "forms"))
     betas = points.groupby("line")["beta"].apply(lambda b: sorted(set(b)))
     assert betas["dion summary form"] == [0.1, 0.3, 0.5, 0.7, 1.0]
     assert betas["orth_dion code form"] == [0.05, 0.1, 0.3, 0.5, 0.7, 1.0]  # 0.05: the default mu = 0.95

@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 
 from lowcomm.model import Transformer, model_config_from
 from lowcomm.optim import build_optimizer
-from lowcomm.repro.definitions import definitions
-from lowcomm.repro.experiment import experiment_grid, load_spec, resolved_config
+from lowcomm.repro.experiment import experiment_grid, resolved_config
+from lowcomm.repro.spec import load_spec, reported
 from lowcomm.repro.tables import dion_rank
 from lowcomm.training.validation import validate
 
@@ -30,7 +30,7 @@ def lowrank_rank(cfg) -> int:
     return optimizer.param_groups[0]["rank"]
 
 
-@pytest.mark.parametrize("name", [d.name for d in definitions().values() if "paper" in load_spec(d.config).presets])
+@pytest.mark.parametrize("name", [s.name for s in reported().values() if "paper" in s.presets])
 def test_paper_preset_is_complete_and_builds_on_the_meta_device(name, monkeypatch):
     monkeypatch.chdir(ROOT)
     spec = load_spec(ROOT / "experiments" / name / "config.yaml")

@@ -5,7 +5,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from lowcomm.distributed.options import sync_options
-from lowcomm.repro.experiment import experiment_grid, load_spec, resolved_config
+from lowcomm.repro.experiment import experiment_grid, resolved_config
+from lowcomm.repro.spec import load_spec
 
 CONFIG = Path(__file__).resolve().parents[2] / "experiments" / "spectral_local_steps" / "config.yaml"
 K_STEP_ROWS = {"diloco", "local_adam", "lordo", "muloco", "orth_dion_local", "lordo_orth_dion"}

@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lowcomm.repro import experiment, report
-from lowcomm.repro.tables import preset_table, read_run_files
+from lowcomm.repro import experiment, judge, report
+from lowcomm.repro.store import ResultsStore, read_run_files
 from lowcomm.stored import StoredFileError, counting_skipped, skip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,10 +55,10 @@ def test_a_table_cut_short_names_the_command_that_rebuilds_it(results):
     cut_short(results / PRESET / "table.csv")
     with pytest.raises(StoredFileError, match=f"experiments/spectral_local_steps/config.yaml probe_paired --out "
                                               f"{results} --tables-only") as err:
-        preset_table(results / PRESET)
+        ResultsStore(results).preset(*PRESET.parts).table()
     assert_names(err, results / PRESET / "table.csv", "cut short")
     with pytest.raises(StoredFileError):
-        report.Stored(results, "spectral_local_steps", "probe_paired")  # the report stops on it
+        judge.Stored(ResultsStore(results).preset(*PRESET.parts))  # the report stops on it
 
 
 def test_a_model_file_that_cannot_be_read_is_named(tmp_path):
@@ -91,7 +91,7 @@ def test_the_report_skips_a_main_job_record_it_cannot_read(tmp_path):
             f'{{"parameters": {parameters}, "world_size": 4, "steps": 8, "initial_val_ppl": 9, "final_val_ppl": 8, '
             '"tokens_per_s": 1000, "wall_time_s": 60, "git_commit": "abc"}')
     (tmp_path / "train" / "ddp-s0-2" / "record.json").write_text("")
-    assert "ddp-s0-1): 1M parameters" in report.main_job_section(tmp_path)
+    assert "ddp-s0-1): 1M parameters" in report.main_job_section(ResultsStore(tmp_path))
 
 
 def test_the_skipped_line_counts_the_files_and_names_the_first_three(capsys):

@@ -8,10 +8,13 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from lowcomm.cost.bytes import analytic_bytes_per_step
+from lowcomm.cost.method import AccountedMethod
+from lowcomm.cost.shapes import model_shapes
 from lowcomm.distributed.options import sync_options
-from lowcomm.repro.accounting import AccountedMethod, analytic_bytes_per_step, model_shapes
+from lowcomm.repro.spec import TableSpec
+from lowcomm.repro.store import RunResult
 from lowcomm.repro.tables import (
-    RunResult,
     accounted_run,
     analytic_bytes,
     build_tables,
@@ -53,8 +56,9 @@ def test_methods_table_ratios_state_downstream_and_modeled_time():
                         "memory/error_feedback_bytes": 200.0, "memory/anchor_bytes": 300.0}}
     results = [run("ddp", 0, [8.0, 5.0, 4.0], **memory["ddp"]),
                run("lordo", 0, [8.0, 4.5, 4.6], **{**memory["lordo"], "bytes_per_step/total": 1e5})]
-    tables = build_tables({"kind": "methods", "baselines": ["ddp"], "state_baseline": "ddp", "bandwidth_gbps": 8,
-                           "latency_s": 1e-3, "compare": [["lordo", "ddp"]]}, results)
+    spec = TableSpec.parse({"kind": "methods", "baselines": ["ddp"], "state_baseline": "ddp", "bandwidth_gbps": 8,
+                            "latency_s": 1e-3, "compare": [["lordo", "ddp"]]})
+    tables = build_tables(spec, results)
     t = tables["table"].set_index("label")
     assert t.loc["lordo", "bytes_ratio_to_ddp"] == pytest.approx(0.1)
     assert t.loc["lordo", "optimizer_state_bytes"] == 460 and t.loc["lordo", "anchor_bytes"] == 300
@@ -71,7 +75,7 @@ def test_methods_table_ratios_state_downstream_and_modeled_time():
 
 def test_methods_table_times_to_a_common_target_every_row_reaches():
     results = [run("ddp", 0, [8.0, 5.0, 4.0]), run("lordo", 0, [8.0, 4.5, 4.6], **{"bytes_per_step/total": 1e5})]
-    t = build_tables({"kind": "methods", "latency_s": 1e-3, "target_bandwidths_gbps": [0.01, 0.1]},
+    t = build_tables(TableSpec.parse({"kind": "methods", "latency_s": 1e-3, "target_bandwidths_gbps": [0.01, 0.1]}),
                      results)["table"].set_index("label")
     assert (t["target_loss"] == 4.6).all()  # the worst final loss
     assert t.loc["ddp", "steps_to_target"] == pytest.approx(4 + 4 * (5.0 - 4.6) / (5.0 - 4.0))
@@ -83,7 +87,7 @@ def test_methods_table_times_to_a_common_target_every_row_reaches():
 def test_downstream_scores_and_words_become_columns():
     results = [run("a", s, [8.0, 5.0], downstream={"arc_easy": {"acc": 0.3 + s / 10}, "mmlu": "needs the hub"})
                for s in (0, 1)]
-    t = build_tables({"kind": "methods"}, results)["table"].iloc[0]
+    t = build_tables(TableSpec.parse({"kind": "methods"}), results)["table"].iloc[0]
     assert t["downstream/arc_easy/acc"] == pytest.approx(0.35) and t["downstream/mmlu"] == "needs the hub"
     assert "downstream" not in t
 
@@ -91,7 +95,7 @@ def test_downstream_scores_and_words_become_columns():
 def test_convergence_steps_to_the_target_runs_best_loss_of_the_same_seed():
     results = [run("dion", 0, [8.0, 6.0, 5.0]), run("orth", 0, [8.0, 5.5, 4.0]),
                run("dion", 1, [8.0, 6.0, 4.0]), run("orth", 1, [8.0, 5.0, 4.5])]
-    t = build_tables({"kind": "convergence", "target": "dion"}, results)["table"].set_index("label")
+    t = build_tables(TableSpec.parse({"kind": "convergence", "target": "dion"}), results)["table"].set_index("label")
     # seed 0: target 5.0, orth reaches it at 4 + 4 (5.5 - 5.0) / 1.5; seed 1: target 4.0, orth never does
     assert t.loc["orth", "steps_to_target"] == pytest.approx(4 + 4 * 0.5 / 1.5)
     assert t.loc["orth", "steps_to_target_n"] == 1 and t.loc["dion", "steps_to_target"] == 8
@@ -101,17 +105,17 @@ def test_convergence_steps_to_the_target_runs_best_loss_of_the_same_seed():
 def test_sweep_and_beta_comparisons_pair_rows_at_the_same_value():
     sweep = [run(f"{m}_r{r}", s, [8.0, 5.0 + r / 100 + s / 1000 + (0.1 + s / 100 if m == "local" else 0)], method=m,
                  sweep=r) for m in ("global", "local") for r in (8, 16) for s in (0, 1, 2)]
-    c = build_tables({"kind": "sweep", "compare": [["global", "local"]]}, sweep)["comparisons"]
+    c = build_tables(TableSpec.parse({"kind": "sweep", "compare": [["global", "local"]]}), sweep)["comparisons"]
     assert list(zip(c["sweep_value"], c["a"], c["b"], c["verdict"])) == [(8, "global_r8", "local_r8", "lower"),
                                                                         (16, "global_r16", "local_r16", "lower")]
     betas = [run(f"dion_beta{b}", s, [8.0, 5.0 - b / 10], method="dion", sweep=b) for b in (0, 0.1, 1) for s in (0,)]
-    c = build_tables({"kind": "beta", "reference": 1.0}, betas)["comparisons"]
+    c = build_tables(TableSpec.parse({"kind": "beta", "reference": 1.0}), betas)["comparisons"]
     assert list(zip(c["a"], c["b"])) == [("dion_beta0", "dion_beta1"), ("dion_beta0.1", "dion_beta1")]
 
 
 def test_stagnation_angles_are_taken_at_sync_steps():
     results = [run("lordo", 0, [8.0, 6.0, 5.0, 4.5, 4.2], angles=[0.5, 0.9, 0.7, 0.8], omega=0.7)]
-    t = build_tables({"kind": "stagnation"}, results)["table"].iloc[0]
+    t = build_tables(TableSpec.parse({"kind": "stagnation"}), results)["table"].iloc[0]
     assert t["angle_max_over_syncs"] == 0.9 and t["angle_median_over_syncs"] == pytest.approx(0.75)
     assert t["omega"] == pytest.approx(0.7) and t["weight_decay"] == pytest.approx(0.1)  # LoRDO step defaults
 
@@ -122,7 +126,7 @@ def test_nu_table_puts_the_rank_and_its_square_root_beside_nu():
     for r, nus in zip(results, ([1.2, 1.4], [1.4, 1.6])):
         r.metrics["spectral/nu_mean"] = [math.nan, *nus]
         r.metrics["spectral/nu_max"] = [math.nan, *[n + 0.5 for n in nus]]
-    t = build_tables({"kind": "nu"}, results)["table"].iloc[0]
+    t = build_tables(TableSpec.parse({"kind": "nu"}), results)["table"].iloc[0]
     assert t["rank"] == 8 and t["sqrt_rank"] == pytest.approx(math.sqrt(8))  # ceil(0.125 x 64)
     # per run: mean of nu_mean over the logged steps (1.3, 1.5), max of nu_max (1.9, 2.1); then means over seeds
     assert t["nu_mean_over_training"] == pytest.approx(1.4) and t["nu_max_over_training"] == pytest.approx(2.0)
@@ -136,10 +140,11 @@ def test_horizon_gaps_to_ddp_per_horizon_and_the_steps_ddp_needs():
     results += [run(f"lordo_steps{h}", s, [8.0, 6.5, loss + s / 100], method="lordo", sweep=h)
                 for h, loss in ((8, 5.5), (12, 4.5)) for s in (1, 2, 3)]
     results += [run("lordo_k8_steps12", s, [8.0, 6.5, 4.3 + s / 50], method="lordo_k8", sweep=12) for s in (1, 2, 3)]
-    tables = build_tables({"kind": "horizon", "baseline": "ddp", "compare": [["lordo_k8", "lordo"]]}, results)
+    spec = TableSpec.parse({"kind": "gap_by_horizon", "baseline": "ddp", "compare": [["lordo_k8", "lordo"]]})
+    tables = build_tables(spec, results)
     t = tables["table"].set_index("label")
-    assert t.loc["lordo_steps12", "ddp_steps_to_final"] == pytest.approx(8 + 4 * (5.0 - 4.52) / (5.0 - 4.0))
-    assert t.loc["ddp_steps12", "ddp_steps_to_final"] == pytest.approx(12)
+    assert t.loc["lordo_steps12", "baseline_steps_to_final"] == pytest.approx(8 + 4 * (5.0 - 4.52) / (5.0 - 4.0))
+    assert t.loc["ddp_steps12", "baseline_steps_to_final"] == pytest.approx(12)
     c = tables["comparisons"]
     assert list(zip(c["sweep_value"], c["a"], c["b"], c["verdict"])) == [
         (8, "lordo_steps8", "ddp_steps8", "higher"), (12, "lordo_steps12", "ddp_steps12", "higher"),
@@ -170,8 +175,8 @@ def test_emulated_network_measured_beside_modeled_and_the_crossover():
             t = compute + 8 * nbytes / (rate * 0.96e6) + 1e-3 * collectives
             times[method, rate] = t
             results.append(emulated(method, rate, curves[method], t + slow, nbytes, collectives))
-    tables = build_tables({"kind": "emulated_network", "latency_s": 1e-3, "target_margin": 0.1,
-                           "crossover": [["lordo", "ddp"]]}, results)
+    tables = build_tables(TableSpec.parse({"kind": "emulated_network", "latency_s": 1e-3, "target_margin": 0.1,
+                           "crossover": [["lordo", "ddp"]]}), results)
     t = tables["table"].set_index("label")
     assert list(t.index) == [f"{m}_mbit{r}" for r in (8, 80, 800, 100000) for m in ("ddp", "lordo")]
     assert t.loc["lordo_mbit100000", "compute_run_s"] == pytest.approx(1.3 * 0.12)
@@ -238,8 +243,9 @@ def test_choice_table_ranks_settings_within_each_group_against_the_groups_best_m
               ("m4_o1.0", 4, 1.0): [4.5, 4.5, 4.5]}
     results = [run(label, seed, [8.0, loss], method="diloco", config=config(devices, outer_lr))
                for (label, devices, outer_lr), losses in finals.items() for seed, loss in enumerate(losses)]
-    table = build_tables({"kind": "choice", "settings": ["sync.outer_lr", "sync.outer_momentum"],
-                          "group": ["train.devices"]}, results)["table"].set_index("label")
+    spec = TableSpec.parse({"kind": "choice", "settings": ["sync.outer_lr", "sync.outer_momentum"],
+                            "group": ["train.devices"]})
+    table = build_tables(spec, results)["table"].set_index("label")
     assert list(table.index[table["chosen"]]) == ["m1_o0.7", "m4_o1.0"]
     assert table.loc["m1_o0.4", "diff_to_winner"] == pytest.approx(0.2)
     assert table.loc["m1_o0.4", "ci_low"] == pytest.approx(0.2) and table.loc["m1_o0.4", "verdict_to_winner"] == "higher"

@@ -15,20 +15,20 @@ from omegaconf import OmegaConf
 from lowcomm.config import ConfigError
 from lowcomm.optim import OPTIMIZERS, optimizer_options
 from lowcomm.optim.registry import LEGACY_KEYS
+from lowcomm.paths import method_names
 from lowcomm.repro import tuning
 from lowcomm.repro.experiment import (
     experiment_grid,
-    load_spec,
     resolved_config,
-    run_method,
     stale_reason,
 )
+from lowcomm.repro.spec import RunSpec, load_spec
 from lowcomm.repro.stats import paired_difference
 from lowcomm.repro.tuning import choose, tuned_file, tuned_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for p in (ROOT / "experiments").glob("*/config.yaml") if "runs" in yaml.safe_load(p.read_text()))
-METHODS = sorted(p.stem for p in (ROOT / "experiments" / "methods").glob("*.yaml"))
+METHODS = method_names()
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_every_row_runs_at_an_lr_named_in_its_config_or_the_tuned_file(config, t
     horizons = tuning.load_tuned(ROOT / "experiments" / "tuned_lr.yaml")["horizon"]
     fake = yaml.safe_load(tuned.read_text())["lr"]
     for preset in spec.presets:
-        borrowed, takes_tuned = set(), "lr" in spec.presets[preset].get("tuned", [])
+        borrowed, takes_tuned = set(), "lr" in spec.presets[preset].tuned
         for run in experiment_grid(spec, preset):
             cfg = resolved_config(spec, run, tmp_path)
             lr = named(run.overrides, "optim.lr")
@@ -83,7 +83,7 @@ def test_every_row_runs_at_an_lr_named_in_its_config_or_the_tuned_file(config, t
             assert cfg.optim.lr == pytest.approx(lr), where
             if "adamw_lr" in cfg.optim and cfg.optim.adamw_lr is not None:
                 assert cfg.optim.adamw_lr == pytest.approx(named(run.overrides, "optim.adamw_lr")), where
-            method = run_method(run.overrides)
+            method = spec.run(run.method).method
             from_tuned = takes_tuned and lr == pytest.approx(fake[method])
             if from_tuned and tuning.horizon_of(cfg) != horizons[method]:
                 borrowed.add(method)
@@ -97,11 +97,11 @@ def test_tuned_overrides_name_the_missing_entry_and_skip_adamw_lr_where_there_is
     assert tuned_overrides("ddp", ["lr", "adamw_lr"], path) == ["optim.lr=0.006"]
     assert tuned_overrides("muon", ["lr", "adamw_lr"], path) == ["optim.lr=0.04", "optim.adamw_lr=0.006"]
     assert tuned_overrides("dion", ["adamw_lr"], path) == ["optim.adamw_lr=0.006"]
-    with pytest.raises(ConfigError, match="no tuned lr for method lordo: run the sweep"):
+    with pytest.raises(ConfigError, match="no tuned lr for method lordo: run the lr sweep"):
         tuned_overrides("lordo", ["lr"], path)
     with pytest.raises(ConfigError, match="not tuned values"):
         tuned_overrides("ddp", ["omega"], path)
-    assert run_method(("optim.lr=1", "method=ddp", "method=lordo")) == "lordo"
+    assert RunSpec("x", ("optim.lr=1", "method=ddp", "method=lordo")).method == "lordo"
 
 
 def points(lrs: list[float], losses: list[list[float]]) -> pd.DataFrame:
@@ -139,20 +139,21 @@ def test_the_tuned_file_takes_each_methods_latest_stage_with_its_horizon_and_lea
                             "edge": ""},
                            {"method": "muon", "stage": "cpu_spectral", "horizon": 256, "lr": 8e-2, "chosen": True,
                             "edge": "high"}])
-    assert tuned_file(chosen) == {"lr": {"ddp": 3e-3, "lordo": 6e-3}, "horizon": {"ddp": 256, "lordo": 1024},
+    assert tuned_file(chosen, "ddp") == {"lr": {"ddp": 3e-3, "lordo": 6e-3}, "horizon": {"ddp": 256, "lordo": 1024},
                                   "adamw_lr": 3e-3}
 
 
 def test_lr_sweep_smoke_keeps_a_diverged_run_as_a_result(tmp_path):
     from lowcomm.repro.experiment import run_experiment
+    from lowcomm.repro.store import ResultsStore
 
-    out = run_experiment(ROOT / "experiments" / "lr_sweep" / "config.yaml", "smoke", tmp_path,
+    out = run_experiment(ROOT / "experiments" / "lr_sweep" / "config.yaml", "smoke", ResultsStore(tmp_path),
                          extra=["optim.lr=1e6", "train.clip=0"])  # every point diverges
-    table = pd.read_csv(out / "table.csv")
+    table = out.table()
     assert (table["diverged"] == 1).all() and (table["final_val_loss"] == math.inf).all()
-    again = run_experiment(ROOT / "experiments" / "lr_sweep" / "config.yaml", "smoke", tmp_path,
+    again = run_experiment(ROOT / "experiments" / "lr_sweep" / "config.yaml", "smoke", ResultsStore(tmp_path),
                            extra=["optim.lr=1e6", "train.clip=0"], tables_only=True)  # reused, not rerun
-    assert OmegaConf.load(again / "runs" / "ddp_lr0.003-s0" / "config.yaml").optim.lr == 1e6
+    assert OmegaConf.load(again.run_dir("ddp_lr0.003-s0") / "config.yaml").optim.lr == 1e6
 
 
 def test_beta_sweep_forms_resolve_to_the_published_pairs(tuned, tmp_path):
@@ -204,11 +205,12 @@ def test_a_stored_run_with_a_former_key_is_reused(tuned, tmp_path):
 def test_the_code_form_is_compared_with_the_summary_forms_beta_one():
     from test_tables import run
 
+    from lowcomm.repro.spec import TableSpec
     from lowcomm.repro.tables import build_tables
 
     results = [run(f"{m}_beta{b}", s, [8.0, 5.0 + b / 10], method=m, sweep=b)
                for m, betas in (("dion_summary", (0.1, 1.0)), ("dion_code", (0.1,))) for b in betas for s in (1, 2, 3)]
-    c = build_tables({"kind": "beta", "reference": 1.0, "reference_of": {"dion_code": "dion_summary"}},
-                     results)["comparisons"]
+    spec = TableSpec.parse({"kind": "beta", "reference": 1.0, "reference_of": {"dion_code": "dion_summary"}})
+    c = build_tables(spec, results)["comparisons"]
     assert list(zip(c["a"], c["b"])) == [("dion_summary_beta0.1", "dion_summary_beta1.0"),
                                          ("dion_code_beta0.1", "dion_summary_beta1.0")]

@@ -3,29 +3,17 @@ the fix, and leaves nothing in the output directory."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from omegaconf import OmegaConf
+from support import error_line
 
 from lowcomm import data
-from lowcomm.repro import experiment
 from lowcomm.training import train
 from lowcomm.training.run_dir import RunDirectory
 
-ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["model.size=smoke", "data.vocab_size=512", "data.context=64", "data.batch_size=4", "data.val_batches=2",
          "train.devices=1", "train.steps=8", "train.warmup=2", "train.val_every=8", "sync.sync_every=8"]
-
-
-def error_line(main, argv: list[str]) -> str:
-    """The one line `main(argv)` exits with (it must exit with a message, not a traceback)."""
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    message = str(exit_.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
 
 
 @pytest.fixture
@@ -76,36 +64,16 @@ def test_a_directory_holding_a_run_is_refused_before_the_corpus_is_read(tmp_path
 
 
 def test_of_two_runs_created_into_one_directory_one_gets_it(tmp_path, monkeypatch):
-    from lowcomm.config import ConfigError, load_config
+    from lowcomm.config import ConfigError, load_config, run_config
 
-    cfg = load_config(None, [f"run.out_dir={tmp_path}"])
+    loaded = load_config(None, [f"run.out_dir={tmp_path}"])
+    cfg = run_config(loaded)
     first, second = RunDirectory(tmp_path / "run"), RunDirectory(tmp_path / "run")
     monkeypatch.setattr(second, "check_free", lambda overwrite=False: None)  # it looked before the first wrote
     first.create(cfg)
     with pytest.raises(ConfigError, match="taken by another run just now"):
         second.create(cfg)
-    assert (tmp_path / "run" / "config.yaml").read_text() == OmegaConf.to_yaml(cfg)
-
-
-@pytest.mark.parametrize("argv, words", [
-    (["--seeds", ","], "preset smoke has no seeds"),
-    (["--out", "{out}", "train.warmup=100"], "train.warmup=100"),  # overrides after --out, as the usage line shows
-])
-def test_experiment_command_line(argv, words, tmp_path):
-    config = str(ROOT / "experiments" / "table3_main" / "config.yaml")
-    argv = [a.format(out=tmp_path) for a in argv]
-    message = error_line(experiment.main, [config, "smoke", *argv])
-    assert words in message, message
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_two_runs_of_one_label_are_refused(tmp_path):
-    config = tmp_path / "config.yaml"
-    config.write_text((ROOT / "experiments" / "table3_main" / "config.yaml").read_text().replace(
-        "  - {label: lordo, overrides: [method=lordo]}",
-        "  - {label: lordo, overrides: [method=lordo]}\n  - {label: lordo, overrides: [method=lordo_local]}"))
-    message = error_line(experiment.main, [str(config), "smoke", "--out", str(tmp_path / "out")])
-    assert "runs ['lordo'] appear more than once" in message and not (tmp_path / "out").exists()
+    assert (tmp_path / "run" / "config.yaml").read_text() == OmegaConf.to_yaml(loaded)
 
 
 def test_a_truncated_cache_file_is_named_and_rebuilt(tmp_path, monkeypatch, capsys):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import SMOKE
 
-from lowcomm.config import ConfigError, load_config
+from lowcomm.config import ConfigError, load_config, run_config
 from lowcomm.training import emulated_network
 from lowcomm.training.emulated_network import (
     Cluster,
@@ -35,15 +35,15 @@ def network_state() -> tuple[str, str, str]:
 def test_without_root_it_refuses_in_one_line_before_creating_anything(tmp_path, monkeypatch):
     monkeypatch.setattr(emulated_network.os, "geteuid", lambda: 1000)
     before = network_state() if REASON is None else None
-    cfg = load_config(None, NODES + ["train.link_rate_mbit=50", f"run.out_dir={tmp_path}", "run.name=r"])
+    cfg = run_config(load_config(None, NODES + ["train.link_rate_mbit=50", f"run.out_dir={tmp_path}", "run.name=r"]))
     with pytest.raises(ConfigError, match="needs root"):
         launch(cfg)
     assert not (tmp_path / "r").exists() and (before is None or network_state() == before)
 
 
 def test_one_worker_per_node_is_required(tmp_path):
-    cfg = load_config(None, NODES + ["train.num_nodes=1", "train.link_rate_mbit=50", f"run.out_dir={tmp_path}",
-                                     "run.name=r"])
+    cfg = run_config(load_config(None, NODES + ["train.num_nodes=1", "train.link_rate_mbit=50",
+                                                f"run.out_dir={tmp_path}", "run.name=r"]))
     with pytest.raises(ConfigError, match="train.num_nodes >= 2"):
         launch(cfg)
 

@@ -6,12 +6,13 @@ import json
 import pytest
 from support import SMOKE
 
-from lowcomm.config import METHODS_DIR, load_config
+from lowcomm.config import load_config
+from lowcomm.paths import method_names
 from lowcomm.training.train import train
 
 pytestmark = pytest.mark.slow  # trains with several worker processes
 
-METHODS = sorted(p.stem for p in METHODS_DIR.glob("*.yaml"))
+METHODS = method_names()
 
 
 def run_method(tmp_path, method, extra=()):

@@ -3,11 +3,12 @@
 import errno
 import json
 import subprocess
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from lowcomm.config import ConfigError, load_config
+from lowcomm.config import ConfigError, load_config, run_config
 from lowcomm.training import run_dir as results
 from lowcomm.training.run_dir import (
     NoSpace,
@@ -20,7 +21,7 @@ from lowcomm.training.run_dir import (
 
 
 def test_a_directory_holding_another_run_is_refused_unless_overwrite(tmp_path):
-    cfg = load_config(None, [f"run.out_dir={tmp_path}"])
+    cfg = run_config(load_config(None, [f"run.out_dir={tmp_path}"]))
     old = RunDirectory(tmp_path / "run")
     old.create(cfg)
     old.write_record({"status": "complete"})
@@ -34,7 +35,7 @@ def test_a_directory_holding_another_run_is_refused_unless_overwrite(tmp_path):
 
 def test_an_out_dir_that_cannot_be_written_is_named(tmp_path):
     (tmp_path / "a_file").write_text("")
-    cfg = load_config(None, [f"run.out_dir={tmp_path / 'a_file'}"])
+    cfg = run_config(load_config(None, [f"run.out_dir={tmp_path / 'a_file'}"]))
     with pytest.raises(ConfigError, match="run.out_dir=.*a_file.*cannot write"):
         RunDirectory(tmp_path / "a_file" / "run").create(cfg)
 
@@ -142,3 +143,13 @@ def test_a_record_names_the_changed_files_of_a_dirty_commit(tmp_path):
     assert results.git_commit(tmp_path) == sha + "-dirty"
     assert results.git_changes(tmp_path) == ["experiments/new.yaml", "src/a.py"]
     assert results.git_commit(tmp_path / "notes.md") == "unknown"
+
+
+def test_a_package_imported_from_its_checkout_records_the_checkout_and_its_commit():
+    root = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    source = results.code_source()
+    assert results.checkout() == root
+    assert source["lowcomm_version"] == version("lowcomm")
+    assert source["lowcomm_location"] == str(root / "src" / "lowcomm")
+    assert source["git_commit"].removesuffix("-dirty") == head

@@ -9,10 +9,8 @@ from omegaconf import OmegaConf
 from support import SMOKE
 
 from lowcomm import data
-from lowcomm.config import ConfigError, load_config
+from lowcomm.config import ConfigError, load_config, run_config
 from lowcomm.data import DataUnavailable
-from lowcomm.model import model_config
-from lowcomm.repro import experiment
 from lowcomm.training import run_dir as run_dir_module
 from lowcomm.training.lightning.module import LanguageModelTask
 from lowcomm.training import memory
@@ -81,7 +79,7 @@ def test_progress_bar_shows_the_latest_validation_loss(tmp_path, capfd):
 
 def test_a_run_name_in_use_is_refused_before_anything_is_written(tmp_path):
     cfg = load_config(None, SMOKE + [f"run.out_dir={tmp_path}", "run.name=taken", "optim.lr=1e-3"])
-    RunDirectory(tmp_path / "taken").create(load_config(None, SMOKE))
+    RunDirectory(tmp_path / "taken").create(run_config(load_config(None, SMOKE)))
     (tmp_path / "taken" / "record.json").write_text('{"status": "complete"}')
     before = (tmp_path / "taken" / "config.yaml").read_text()
     with pytest.raises(ConfigError, match="already holds a run"):
@@ -146,17 +144,17 @@ def test_a_batch_that_cannot_fit_fails_in_one_line_naming_the_batch_size():
     """The estimate (lowcomm.training.memory) against 8 GB: the default run fits, 100,000 sequences per worker do not,
     and the largest batch the message names fits."""
     have = 8 * 2**30
-    check_memory(load_config(None, []), model_config("cpu"), have)
-    cfg = load_config(None, ["data.batch_size=100000"])
+    check_memory(run_config(load_config(None, [])), have)
+    cfg = run_config(load_config(None, ["data.batch_size=100000"]))
     with pytest.raises(ConfigError, match=r"^data.batch_size=100000: 4 worker\(s\) need about [\d,.]+ GB \(model cpu, "
                                           r"1,311,872 parameters: .*but 8.0 GB is available: lower data.batch_size "
                                           r"\(at most about ([\d,]+) fits\) or train.devices$") as err:
-        check_memory(cfg, model_config("cpu"), have)
+        check_memory(cfg, have)
     fits = int(re.search(r"at most about ([\d,]+) fits", str(err.value))[1].replace(",", ""))
     assert fits > 8
-    check_memory(load_config(None, [f"data.batch_size={fits}"]), model_config("cpu"), have)
+    check_memory(run_config(load_config(None, [f"data.batch_size={fits}"])), have)
     with pytest.raises(ConfigError):
-        check_memory(load_config(None, [f"data.batch_size={fits + 1}"]), model_config("cpu"), have)
+        check_memory(run_config(load_config(None, [f"data.batch_size={fits + 1}"])), have)
 
 
 @pytest.mark.parametrize("limit, expected_gb", [(None, 20), ("max", 20), (str(12 * 2**30), 9)])
@@ -174,12 +172,12 @@ def test_available_memory_is_meminfos_capped_by_the_containers_limit_less_its_an
 def test_gpu_without_a_gpu_is_an_error_before_start(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="train.accelerator=gpu but torch sees no CUDA GPU"):
-        check_devices(load_config(None, SMOKE + ["train.accelerator=gpu"]))
+        check_devices(run_config(load_config(None, SMOKE + ["train.accelerator=gpu"])))
 
 
 def test_smollm_without_the_hub_fails_before_start():
     with pytest.raises(DataUnavailable, match="hub access: use data.corpus=offline"):
-        check_environment(load_config(None, SMOKE + ["data.corpus=smollm"]))  # the tests run with HF_HUB_OFFLINE=1
+        check_environment(run_config(load_config(None, SMOKE + ["data.corpus=smollm"])))  # HF_HUB_OFFLINE=1 here
 
 
 def test_malformed_yaml_names_file_line_and_column(tmp_path):
@@ -219,10 +217,3 @@ def test_a_truncated_checkpoint_names_the_file_and_rank(tmp_path):
     rank1.write_bytes(rank1.read_bytes()[:200])
     with pytest.raises(ConfigError, match=f"rank 1's file {re.escape(str(rank1))} is truncated or corrupt"):
         validate(load_config(None, SMOKE + [f"run.resume_from={checkpoint}"]))
-
-
-def test_experiment_help_prints_the_usage(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        experiment.main(["--help"])
-    assert exit_.value.code == 0
-    assert "python -m lowcomm.repro.experiment" in capsys.readouterr().out

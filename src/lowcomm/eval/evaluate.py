@@ -301,7 +301,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tasks", required=True, help=f"comma-separated lm-eval task names, e.g. {OFFLINE_TASK} "
                         f"(offline) or {','.join(PAPER_TASKS)} (need the hub)")
     parser.add_argument("--include-path",
-                        help="a folder of extra task YAML files (the repository's tasks/ is always included)")
+                        help="a folder of extra task YAML files (the package's task_files/ is always included)")
     parser.add_argument("--limit", type=float, help="at most this many items per task (a fraction when < 1)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")

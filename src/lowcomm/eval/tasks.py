@@ -1,8 +1,11 @@
-"""lm-eval tasks for our models: the repository's task folder (`tasks/`, the offline multiple-choice task), the
-paper's hub tasks, and a fast failure in words for a task whose data needs an unreachable Hugging Face hub.
+"""lm-eval tasks for our models: the package's task folder (`lowcomm/eval/task_files/`, package data: the
+offline multiple-choice task), the paper's hub tasks, and a fast failure in words for a task whose data needs an
+unreachable Hugging Face hub.
 
 A task is loaded (its dataset included) before any model work. When the hub cannot be reached, the HF libraries
 are switched to local copies only, so a hub task either loads from the datasets cache or fails at once.
+
+lm-eval indexes a task folder by its path on disk, so the package is installed unzipped (as pip installs a wheel).
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ import os
 import socket
 import sys
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 from urllib.parse import urlparse
 
-from lowcomm.paths import TASKS_DIR
 from lowcomm.quiet import no_progress_bars
 
+TASKS_DIR = files(__package__) / "task_files"
 OFFLINE_TASK = "heldout_passage_ending"
 PAPER_TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "mmlu")  # 0-shot, acc and acc_norm
 PAPER_TASK_FOLDERS = ("arc", "hellaswag", "piqa", "mmlu")  # where lm-eval's task tree defines them
@@ -66,7 +70,7 @@ def indexed_tasks(paths: tuple[str, ...], include_defaults: bool):
 
 
 def task_manager(names: list[str], include_path: str | Path | None = None):
-    """An lm-eval TaskManager over `tasks/`, `include_path` and the paper tasks' folders of lm-eval's task tree
+    """An lm-eval TaskManager over TASKS_DIR, `include_path` and the paper tasks' folders of lm-eval's task tree
     (under a second to index); lm-eval's whole index (seconds) only when a name is found in none of them. An unknown
     name is a TaskUnavailable."""
     import lm_eval.tasks

@@ -1,35 +1,10 @@
-"""Analytic communication and memory model: bytes each worker puts on the wire, by kind, the collectives it calls,
-and the optimizer state it holds, for every method.
-
-Every collective of a method is an Event: `elements` numbers sent by `collective` at steps t >= first with
-(t - first) % period == 0 (period 0: once), in `collectives` calls. Bytes per worker follow the Communicator's
-model: ring all-reduce
-2(M-1)/M x payload, pipelined broadcast (M-1)/M x payload. Per matrix (p x q) with rank r:
-  ddp          G every step: sum pq (all parameters)
-  lowrank_ddp  Q^T G every step: r max(p, q) per matrix, G of the other parameters, and the matrices' G every T
-               steps for the basis refresh (option "full": G of everything every step, the refresh is free)
-  K-step       Delta every K steps (all parameters); u every K_u, v every K_v steps (the moments' shape:
-               r max(p, q) for a low-rank optimizer, pq otherwise); LoRDO adds the first step's G of the matrices (D1);
-               the local Dion methods add their buffers M (pq per matrix) every K_M steps and nothing for Q, which is
-               either local or computed by every worker from Delta
-  self-sync    (optimizer_sync: the Dion family) P and W every step: (p + q) r per matrix, or G (pq) when
-               (p + q) r >= pq; G of the other parameters
-Setup broadcasts the parameters once (step 0); it is not part of the per-step figures.
-Optimizer state per worker (fp32), by the kinds the optimizers report:
-  adamw        adamw_moments 2 pq (every parameter)
-  low-rank     moments 2 r max(p, q), bases r min(p, q), error_feedback pq (when on); AdamW moments of the rest
-  muon         momentum_buffer pq; AdamW moments of the rest
-  dion family  momentum pq, Q r min(p, q); AdamW moments of the rest
-  K-step sync  anchor (every parameter), outer_momentum (every parameter, Nesterov outer step only)
+"""The cost models (lowcomm.cost) at the paper's sizes: bytes on the wire, collectives and state of every method.
 
     python -m lowcomm.repro.accounting [--steps N] [--out CSV] [--flops-per-s F]
-prints the figures at every paper size with the paper's probable settings (r = d/8), and the modeled link rate below
-which LoRDO reaches a common target before DDP (and low-rank DDP) when it needs rho times their steps, each worker
-computing 6 N T / F seconds per step (`paper_crossover`).
-
-A method is an AccountedMethod: its sync options (what the sync kind runs, lowcomm.distributed.options.SyncKind) and
-the optimizer's rank r (a low-rank optimizer's) or rank fraction (a Dion-family optimizer's); the functions also take
-it as a mapping, the sync config keys plus `rank` or `rank_fraction`.
+prints the figures at every paper size with the paper's probable settings (M = 4, K = 32, r = d/8), and the modeled
+link rate below which LoRDO reaches a common target before DDP (and low-rank DDP) when it needs rho times their steps,
+each worker computing 6 N T / F seconds per step (`paper_crossover`). --out writes them as CSV, with the state by kind
+(state.csv, the cpu size beside the paper sizes) and the crossover rates (crossover.csv) beside it.
 """
 
 from __future__ import annotations
@@ -40,300 +15,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import torch
-from torch import nn
+from lowcomm.cost.bytes import analytic_bytes_per_step, analytic_collectives_per_step
+from lowcomm.cost.method import AccountedMethod, accounted_method
+from lowcomm.cost.shapes import ParamShapes, model_shapes
+from lowcomm.cost.state import (
+    STATE_KINDS,
+    analytic_optimizer_state,
+    analytic_sync_state,
+    matrix_moments_ratio,
+    state_summary,
+)
+from lowcomm.cost.wallclock import BANDWIDTHS_GBPS, LATENCY_S, compute_seconds, crossover_rate_mbit, step_time
 
-from lowcomm.distributed.comm import wire_bytes
-from lowcomm.distributed.options import SyncOptions, sync_options
-from lowcomm.model import Transformer, model_config
-from lowcomm.optim.dion import fixed_rank
-from lowcomm.optim.groups import hidden_matrices
-from lowcomm.optim.projection import check_rank, projected_shape, projection_side
-from lowcomm.repro.wallclock import BANDWIDTHS_GBPS, LATENCY_S, compute_seconds, crossover_rate_mbit, step_time
-
-@dataclass(frozen=True)
-class ParamShapes:
-    """Shapes of the low-rank (2-D hidden) matrices and of every other parameter."""
-
-    lowrank: tuple[tuple[int, int], ...]
-    other: tuple[tuple[int, ...], ...]
-
-    @property
-    def matrix_elements(self) -> int:
-        """Numbers in the low-rank matrices: sum pq."""
-        return sum(_numel(s) for s in self.lowrank)
-
-    @property
-    def other_elements(self) -> int:
-        """Numbers in every other parameter."""
-        return sum(_numel(s) for s in self.other)
-
-    @property
-    def elements(self) -> int:
-        """Numbers in every parameter."""
-        return self.matrix_elements + self.other_elements
-
-
-def param_shapes(model: nn.Module, lowrank: Iterable[nn.Parameter] | None = None) -> ParamShapes:
-    """ParamShapes of a model's trainable parameters; the low-rank ones are `lowrank` (default: the hidden matrices)."""
-    lowrank_ids = {id(p) for p in (lowrank if lowrank is not None else (p for _, p in hidden_matrices(model)))}
-    params = [p for p in model.parameters() if p.requires_grad]
-    return ParamShapes(
-        lowrank=tuple(tuple(p.shape) for p in params if id(p) in lowrank_ids),
-        other=tuple(tuple(p.shape) for p in params if id(p) not in lowrank_ids),
-    )
-
-
-@dataclass(frozen=True)
-class Event:
-    """`elements` numbers of kind `kind` sent by `collective` at steps t >= first with (t - first) % period == 0,
-    in `collectives` calls; period 0 means once, at step `first`."""
-
-    kind: str
-    collective: str
-    elements: int
-    first: int
-    period: int
-    collectives: int = 1
-
-    def happens_at(self, step: int) -> bool:
-        if step < self.first:
-            return False
-        return step == self.first if self.period == 0 else (step - self.first) % self.period == 0
-
-    def count(self, steps: int) -> int:
-        """Occurrences in steps 1..steps."""
-        if steps < self.first:
-            return 0
-        return 1 if self.period == 0 else (steps - self.first) // self.period + 1
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
-RANK_KEYS = ("rank", "rank_fraction")
-
-
-@dataclass(frozen=True)
-class AccountedMethod:
-    """What a run sends and keeps: its sync options, and its optimizer's rank r of every matrix (a low-rank
-    optimizer's `rank`; None: full-rank moments) or rank fraction (a Dion-family optimizer's `rank_fraction`). Under
-    a sync kind whose optimizer synchronizes itself (SyncKind.optimizer_synchronizes) the optimizer is the Dion family,
-    all-reducing its factors P and W every step."""
-
-    sync: SyncOptions
-    rank: int | None = None
-    rank_fraction: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.sync.kind.optimizer_basis is not None and self.rank is None:
-            raise ValueError(f"method options of {self.sync.name!r} need 'rank': its messages and moments are rank-r")
-
-
-MethodOptions = AccountedMethod | Mapping[str, Any]  # the functions' input: an AccountedMethod or its mapping form
-
-
-def accounted_method(method: MethodOptions) -> AccountedMethod:
-    """`method` itself, or the AccountedMethod of a mapping: a sync config section plus `rank` or `rank_fraction`."""
-    if isinstance(method, AccountedMethod):
-        return method
-    sync = sync_options({k: v for k, v in method.items() if k not in RANK_KEYS})
-    return AccountedMethod(sync, method.get("rank"), method.get("rank_fraction"))
-
-
-def matrix_rank(method: AccountedMethod, shape: tuple[int, int]) -> int:
-    """The rank of a matrix: the optimizer's `rank`, or for the Dion family r = ceil(rank_fraction * min(p, q)), at
-    most min(p, q) (lowcomm.optim.dion.fixed_rank)."""
-    if method.rank is not None:
-        check_rank(shape, method.rank)
-        return method.rank
-    if method.rank_fraction is not None:
-        return fixed_rank(method.rank_fraction, *shape)
-    raise ValueError(f"method options of {method.sync.name!r} need 'rank' (an integer; a Dion-family optimizer also "
-                     "accepts 'rank_fraction') to count low-rank messages")
-
-
-def projected_elements(method: AccountedMethod, shapes: ParamShapes) -> int:
-    """Numbers in one rank-r projection (or low-rank moment) of every matrix: sum r max(p, q)."""
-    return sum(_numel(projected_shape(s, matrix_rank(method, s), projection_side(s))) for s in shapes.lowrank)
-
-
-def moment_elements(method: AccountedMethod, shapes: ParamShapes) -> int:
-    """Numbers in one moment (u or v) of the parameters in the sync's state scope: r max(p, q) per matrix for a
-    low-rank optimizer, none for the local Dion family's matrices (their state is M), else pq; plus the other
-    parameters' AdamW moments when the scope is "all"."""
-    if method.sync.kind.local_dion:
-        matrices = 0
-    elif method.rank is not None:
-        matrices = projected_elements(method, shapes)
-    else:
-        matrices = shapes.matrix_elements
-    return matrices + (shapes.other_elements if method.sync.state_sync_scope == "all" else 0)
-
-
-def factor_events(method: AccountedMethod, shapes: ParamShapes) -> list[Event]:
-    """The Dion family's all-reduces every step: P, then W, (p + q) r numbers per matrix, or G (pq) of the matrices
-    where (p + q) r >= pq; and G of the other parameters."""
-    compressed = [(s, (s[0] + s[1]) * matrix_rank(method, s)) for s in shapes.lowrank]
-    factors = sum(n for s, n in compressed if n < _numel(s))
-    fallback = sum(_numel(s) for s, n in compressed if n >= _numel(s))
-    return [Event("factor", "all_reduce", factors, 1, 1, collectives=2),
-            Event("gradient", "all_reduce", shapes.other_elements + fallback, 1, 1)]
-
-
-def gradient_events(method: AccountedMethod, shapes: ParamShapes) -> list[Event]:
-    """Per-step gradient all-reduces: every G, or with projected gradients Q^T G of the matrices, G of the rest and
-    the matrices' G every T steps (the basis refresh)."""
-    opts = method.sync
-    if not opts.kind.per_step_gradients:
-        return []
-    if not opts.projected_gradients:
-        return [Event("gradient", "all_reduce", shapes.elements, 1, 1)]
-    return [Event("projected_gradient", "all_reduce", projected_elements(method, shapes), 1, 1),
-            Event("gradient", "all_reduce", shapes.other_elements, 1, 1),
-            Event("gradient", "all_reduce", shapes.matrix_elements, 1, opts.basis_refresh_every)]
-
-
-def k_step_events(method: AccountedMethod, shapes: ParamShapes) -> list[Event]:
-    """The K-step sync's all-reduces: Delta every K steps, u every K_u, v every K_v, Dion's buffers M every K_M."""
-    opts = method.sync
-    if not opts.kind.k_step:
-        return []
-    events = [Event("pseudo_gradient", "all_reduce", shapes.elements, opts.sync_every, opts.sync_every)]
-    events += [Event("optimizer_state", "all_reduce", moment_elements(method, shapes), every, every)
-               for every in (opts.state_sync_u, opts.state_sync_v) if every]
-    if opts.state_sync_m:
-        events.append(Event("optimizer_state", "all_reduce", shapes.matrix_elements, opts.state_sync_m,
-                            opts.state_sync_m))
-    return events
-
-
-def first_step_events(method: AccountedMethod, shapes: ParamShapes) -> list[Event]:
-    """LoRDO's one-off all-reduce of the matrices' first-step G (D1), where the basis comes from the pseudo-gradient
-    and no seeded Dion factor stands in for it."""
-    opts = method.sync
-    if opts.kind.global_basis == "pseudo_gradient" and not opts.kind.local_dion:
-        return [Event("gradient", "all_reduce", shapes.matrix_elements, 1, 0)]
-    return []
-
-
-def analytic_events(method: MethodOptions, shapes: ParamShapes) -> list[Event]:
-    """The collectives of a method (an AccountedMethod, or its mapping form), from step 1 on; those that send
-    nothing are left out."""
-    method = accounted_method(method)
-    if method.sync.kind.optimizer_synchronizes:
-        events = factor_events(method, shapes)
-    else:
-        events = gradient_events(method, shapes) + k_step_events(method, shapes) + first_step_events(method, shapes)
-    return [e for e in events if e.elements]
-
-
-def _wire(event: Event, world_size: int, bytes_per_element: int) -> float:
-    return wire_bytes(event.collective, event.elements * bytes_per_element, world_size)
-
-
-def setup_bytes(shapes: ParamShapes, world_size: int, bytes_per_element: int = 4) -> dict[str, float]:
-    """Bytes per worker of the engine's setup: the parameters broadcast from rank 0 (step 0)."""
-    return {"parameters": wire_bytes("broadcast", shapes.elements * bytes_per_element, world_size)}
-
-
-def _rate(event: Event, steps: int | None) -> float:
-    """Occurrences per step: 1 / period in the steady state (one-offs left out), or the mean over steps 1..steps."""
-    if steps is None:
-        return 0.0 if event.period == 0 else 1.0 / event.period
-    return event.count(steps) / steps
-
-
-def analytic_bytes_at(method_options: MethodOptions, shapes: ParamShapes, world_size: int, step: int,
-                      bytes_per_element: int = 4) -> dict[str, float]:
-    """Bytes on the wire per worker at step `step` (>= 1), by kind (kinds that send nothing are left out)."""
-    totals: dict[str, float] = {}
-    for e in analytic_events(method_options, shapes):
-        if e.happens_at(step):
-            totals[e.kind] = totals.get(e.kind, 0.0) + _wire(e, world_size, bytes_per_element)
-    return totals
-
-
-def analytic_bytes_per_step(method_options: MethodOptions, shapes: ParamShapes, world_size: int,
-                            bytes_per_element: int = 4, steps: int | None = None) -> dict[str, float]:
-    """Bytes on the wire per worker per step, by kind. steps=None: the steady state (periodic collectives over their
-    period, one-offs such as LoRDO's first-step gradient (D1) left out); steps=N: the mean over steps 1..N, one-offs
-    included (amortized)."""
-    totals: dict[str, float] = {}
-    for e in analytic_events(method_options, shapes):
-        totals[e.kind] = totals.get(e.kind, 0.0) + _rate(e, steps) * _wire(e, world_size, bytes_per_element)
-    return {k: v for k, v in totals.items() if v}
-
-
-def analytic_collectives_per_step(method_options: MethodOptions, shapes: ParamShapes,
-                                  steps: int | None = None) -> float:
-    """Collective calls per worker per step: the steady state (steps=None) or the mean over steps 1..steps."""
-    return sum(_rate(e, steps) * e.collectives for e in analytic_events(method_options, shapes))
-
-
-OPTIMIZER_FAMILIES = ("adamw", "lowrank", "muon", "dion")
-
-
-def analytic_optimizer_state(family: str, shapes: ParamShapes, method_options: MethodOptions | None = None,
-                             error_feedback: bool = True, bytes_per_element: int = 4) -> dict[str, float]:
-    """Optimizer-state bytes per worker by kind (the keys of `sync.optimizer_state_bytes`) for an optimizer family;
-    the low-rank and Dion families take their rank from `method_options` (`matrix_rank`)."""
-    if family not in OPTIMIZER_FAMILIES:
-        raise ValueError(f"optimizer family {family!r} is unknown: use one of {OPTIMIZER_FAMILIES}")
-    b = bytes_per_element
-    matrices = shapes.matrix_elements
-    others = 2 * b * shapes.other_elements
-    if family == "adamw":
-        return {"adamw_moments": 2 * b * matrices + others}
-    if family == "muon":
-        return {"momentum_buffer": b * matrices, "adamw_moments": others}
-    method = accounted_method(method_options)
-    bases = b * sum(matrix_rank(method, s) * min(s) for s in shapes.lowrank)
-    if family == "dion":
-        return {"momentum": b * matrices, "Q": bases, "adamw_moments": others}
-    return {"moments": 2 * b * projected_elements(method, shapes), "bases": bases,
-            "error_feedback": b * matrices if error_feedback else 0, "adamw_moments": others}
-
-
-def analytic_sync_state(method_options: MethodOptions, shapes: ParamShapes,
-                        bytes_per_element: int = 4) -> dict[str, float]:
-    """State bytes per worker the sync engine keeps: for K-step methods the anchor W_anchor and, with the Nesterov
-    outer step, its momentum (every parameter each); nothing otherwise."""
-    opts = accounted_method(method_options).sync
-    if not opts.kind.k_step:
-        return {}
-    params = bytes_per_element * shapes.elements
-    return {"anchor": params, "outer_momentum": params if opts.outer == "nesterov" else 0}
-
-
-def matrix_moments_ratio(adamw_moments_of_adamw: Any, adamw_moments_of_method: Any, lowrank_moments: Any) -> Any:
-    """AdamW's moments of the hidden matrices over a low-rank optimizer's: (A_adamw - A_method) / moments, A the AdamW
-    moments each keeps (of every parameter under AdamW, of the other parameters under the low-rank optimizer);
-    numbers or table columns alike."""
-    return (adamw_moments_of_adamw - adamw_moments_of_method) / lowrank_moments
-
-
-SEPARATE_STATE = {"error_feedback": "error_feedback_bytes", "compression_error": "error_feedback_bytes",
-                  "anchor": "anchor_bytes", "outer_momentum": "anchor_bytes"}
-
-
-def state_summary(bytes_by_kind: Mapping[str, float]) -> dict[str, float]:
-    """Optimizer state as the paper counts it (moments, bases, AdamW moments, Dion's and Muon's buffers), with the
-    error-feedback buffer E and the sync anchor (with any outer momentum) apart."""
-    out = {"optimizer_state_bytes": 0.0, "error_feedback_bytes": 0.0, "anchor_bytes": 0.0}
-    for kind, n in bytes_by_kind.items():
-        out[SEPARATE_STATE.get(kind, "optimizer_state_bytes")] += float(n)
-    return out
-
-
-# ---------------------------------------------------------------------------- the paper's settings
 PAPER_SIZES = {"lordo-16m": 32, "lordo-125m": 96, "lordo-720m": 256, "gpt2-45m": 64,
                "llama3-320m": 96}  # rank r = d_model / 8 for every low-rank method (matched rank)
 CPU_RANK = 16  # r = d/8 of the cpu model (d 128): the state table's measured size beside the paper sizes
 PAPER_WORLD_SIZE = 4  # M
 PAPER_SYNC_EVERY = 32  # K, also K_u = K_v (D8 default)
 LOWRANK_DDP_REFRESH = 200  # T: GaLore's default basis refresh period
+ACCOUNTING_FIX = "rebuild it: make accounting OUT=results"  # what writes results/communication/analytic.csv
 PAPER_CLAIMS = {"ddp": 25.0, "lowrank_ddp": 10.0}  # "about 25x less than DDP, 10x less than low-rank DDP"
 PAPER_TOKENS_PER_WORKER_STEP = 32 * 2048  # T: 32 sequences of 2,048 tokens per worker (the paper preset's batch)
 PAPER_FLOPS_PER_S = 4e14  # F, sustained per worker: 40 % of an H100's dense bf16 peak (989 TFLOP/s); a decision
@@ -343,7 +43,8 @@ CROSSOVER_PAIRS = (("lordo", "ddp"), ("lordo", "lowrank_ddp"))
 
 @dataclass(frozen=True)
 class PaperMethod:
-    """A method at the paper's settings: what it sends and keeps (`analytic_events`) and its optimizer family."""
+    """A method at the paper's settings: what it sends and keeps (lowcomm.cost.method.AccountedMethod) and its
+    optimizer family."""
 
     options: AccountedMethod
     family: str
@@ -371,21 +72,6 @@ def paper_methods(rank: int) -> dict[str, PaperMethod]:
         "orth_dion": paper_method("dion", name="optimizer_sync", rank=rank),
         "ada_orth_dion": paper_method("dion", name="optimizer_sync", rank=rank),
     }
-
-
-def meta_model(size: str, **overrides: Any) -> Transformer:
-    """The model of a named size with any ModelConfig field overridden, on the meta device (shapes, no memory)."""
-    with torch.device("meta"):
-        return Transformer(model_config(size, **overrides))
-
-
-def model_shapes(size: str, **overrides: Any) -> ParamShapes:
-    """ParamShapes of a named model size with any ModelConfig field overridden."""
-    return param_shapes(meta_model(size, **overrides))
-
-
-STATE_KINDS = ("moments", "bases", "error_feedback", "anchor", "outer_momentum", "adamw_moments", "momentum_buffer",
-               "momentum", "Q")  # every kind of state a worker keeps, in the order the state tables show them
 
 
 def method_row(method: PaperMethod, shapes: ParamShapes, steps: int, bytes_per_element: int = 4,
@@ -448,7 +134,7 @@ def paper_crossover(rows: list[dict[str, Any]], tokens: int = PAPER_TOKENS_PER_W
                     flops_per_s: float = PAPER_FLOPS_PER_S, ratios: Iterable[float] = STEPS_RATIOS,
                     latency_s: float = LATENCY_S) -> list[dict[str, Any]]:
     """Per paper size, pair (a, b) of CROSSOVER_PAIRS and steps ratio rho = S_a / S_b: the link rate (Mbit/s) below
-    which a reaches a common target before b (lowcomm.repro.wallclock.crossover_rate_mbit on `paper_table`'s steady
+    which a reaches a common target before b (lowcomm.cost.wallclock.crossover_rate_mbit on `paper_table`'s steady
     bytes and collectives), each worker computing c = 6 N T / F per step whatever its optimizer (the optimizer's own
     work is left out). No step counts are measured at these sizes, so rho is a parameter: the paper's near-parity
     claim is rho close to 1."""

@@ -4,27 +4,9 @@
 (one row per label; comparisons.csv where the table compares rows) and table.md. When <out> is not the stored
 results/, the table is printed beside the stored reference results/<name>/<preset>/ with a verdict per row.
 
-An experiment config:
-    name: <folder under the output directory>
-    base: <training config file every run starts from>
-    presets: {<preset>: {seeds: [...], overrides: [key=value, ...],
-                         labels: [<label>, ...],              # optional: only these runs
-                         sweep: [...],                        # optional: this preset's sweep values
-                         sweep_overrides: {<value>: [...]},   # optional: extra overrides at one sweep value
-                         run_overrides: {<label>: [...]},     # optional: extra overrides of one run
-                         run_sweep: {<label>: [...]},         # optional: one run's sweep values in this preset
-                         tuned: [lr, adamw_lr],               # optional: lrs from experiments/tuned_lr.yaml
-                         table: {kind: ..., ...}}}            # optional: this preset's table instead
-    runs: [{label: <row name>, overrides: [key=value, ...], seeds: <at most this many of the seeds>,
-            sweep: [...], sweep_overrides: {<value>: [...]},   # optional: this run's values, its overrides
-            data_seed: <int>}, ...]                           # optional: the data order of this seed, whatever the
-                                                              # run's seed (which then sets the initialization only)
-    sweep: {key: <config key>, values: [...], tag: <label suffix>}   # optional: every run at every value (without
-                                                                     # values: only presets that list some sweep)
-    keep_diverged: true                                              # optional: a diverged run is a result
-    table: {kind: <lowcomm.repro.tables kind>, ...}                  # the kind's parameters
-    downstream: [<lm-eval task>, ...]                                # optional: scored into each run's record
-    report: {order: ..., mirrors: ..., figure: ..., claims: ...}     # the index, figure and claims (repro.definitions)
+The experiment config is parsed once into a lowcomm.repro.spec.ExperimentSpec (its format is there); results lie
+where lowcomm.repro.store.ResultsStore says.
+
 Every preset starts from the overrides of experiments/presets.yaml for its name. Overrides apply in the order
 presets.yaml, preset, tuned lrs, run, sweep value (with the preset's, then the run's sweep_overrides),
 run_overrides, command line, seed (`train.seed` and `data.seed`; a run's `data_seed` replaces the latter). With `tuned`, each run takes its method's tuned peak lr (`lr`) and, where its
@@ -36,8 +18,8 @@ stored config.yaml equals the run's resolved config (both on the optimizer's def
 its directory is replaced by a new run. So an interrupted
 experiment resumes, and a changed config is rerun, never silently reused. Files that cannot be read follow the rule of
 lowcomm.stored: a run with one is trained again, and --tables-only leaves it out. A run to train whose config equals a
-complete run of another experiment or preset under <out> (name and place aside: horizon's ddp-steps1024-s1 is
-table3_main claim's ddp-s1) is copied from it instead, its record naming the source (`copied_from`), provided it
+complete run of another experiment or preset under <out> (name and place aside: a row of one experiment and the
+same config under another label in another) is copied from it instead, its record naming the source (`copied_from`), provided it
 holds the scores the experiment's `downstream` tasks need or its model.pt (which results/ does not commit); --force
 trains it anew. With `downstream`, every run whose
 record has no scores for those tasks is evaluated (lowcomm.eval.evaluate.evaluate_run_dir; hub tasks record "needs hub"
@@ -66,29 +48,23 @@ from lowcomm.config import ConfigError, load_config, parse_sections, with_defaul
 from lowcomm.data import DataUnavailable
 from lowcomm.paths import ROOT, SHARED_PRESETS
 from lowcomm.repro.stats import within_reference
-from lowcomm.repro.tables import (
+from lowcomm.repro.spec import ExperimentSpec, PresetSpec, RunSpec, TableSpec, load_spec
+from lowcomm.repro.store import (
+    ResultsStore,
     RunResult,
-    build_tables,
-    compact_columns,
-    downstream_sources,
-    markdown,
-    preset_table,
+    StoredPreset,
     read_run_files,
     read_table,
     run_name,
     seed_of,
 )
+from lowcomm.repro.tables import build_tables, compact_columns, downstream_sources, markdown
 from lowcomm.repro.tuning import tuned_overrides
 from lowcomm.stored import RERUN, StoredFileError, counting_skipped, read_config, readable, skip
 from lowcomm.training.run_dir import read_record
 from lowcomm.training.command import RunEnded
 from lowcomm.training.train import train
 from lowcomm.training.validation import validate
-
-RESULTS = Path("results")
-SPEC_KEYS = {"name", "base", "presets", "runs", "sweep", "table", "downstream", "keep_diverged", "report"}
-PRESET_KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides", "run_sweep", "tuned",
-               "table"}
 
 
 @dataclass(frozen=True)
@@ -107,89 +83,44 @@ class GridRun:
         return run_name(self.label, self.seed)
 
 
-def load_spec(path: str | Path) -> DictConfig:
-    """The experiment config, with unknown keys and undefined labels named before anything runs."""
-    if not Path(path).exists():
-        raise ConfigError(f"experiment config {path} does not exist")
-    spec = OmegaConf.load(path)
-    unknown = sorted(set(spec) - SPEC_KEYS)
-    if unknown or "runs" not in spec or "name" not in spec or "base" not in spec:
-        raise ConfigError(f"{path}: unknown key(s) {unknown} or missing name/base/runs; "
-                          f"valid keys: {sorted(SPEC_KEYS)}")
-    labels = [run.label for run in spec.runs]
-    repeated = sorted({label for label in labels if labels.count(label) > 1})
-    if repeated:
-        raise ConfigError(f"{path}: runs {repeated} appear more than once (each label is one run directory per seed): "
-                          "give every run its own label")
-    for preset, p in spec.presets.items():
-        bad = sorted(set(p) - PRESET_KEYS)
-        if bad:
-            raise ConfigError(f"{path}: presets.{preset} has unknown key(s) {bad}; valid keys: {sorted(PRESET_KEYS)}")
-        missing = sorted((set(p.get("labels", [])) | set(p.get("run_overrides", {})) | set(p.get("run_sweep", {})))
-                         - set(labels))
-        if missing:
-            raise ConfigError(f"{path}: presets.{preset} names labels {missing} that no run has; runs: {labels}")
-    return spec
-
-
-def table_params(spec: DictConfig, preset: str) -> dict:
-    """The `table` section the preset's tables are built from: its own, else the experiment's."""
-    return OmegaConf.to_container(spec.presets[preset].get("table", spec.table))
-
-
 def shared_overrides(preset: str) -> list[str]:
     """The overrides every experiment's preset `preset` starts from (experiments/presets.yaml)."""
     return list(OmegaConf.load(SHARED_PRESETS).get(preset, []))
 
 
-def sweep_label(label: str, tag: str, value: Any) -> str:
-    return f"{label}_{tag}{value}"
-
-
-def sweep_values(spec: DictConfig, preset: DictConfig, run: DictConfig) -> list[Any]:
+def sweep_values(spec: ExperimentSpec, preset: PresetSpec, run: RunSpec) -> list[Any]:
     """The sweep values of one run: the preset's for that run, else the run's own, else the preset's, else the
     experiment's ([None]: no sweep)."""
-    sweep = spec.get("sweep")
-    if not sweep:
+    if spec.sweep is None:
         return [None]
-    for values in (preset.get("run_sweep", {}).get(run.label), run.get("sweep"), preset.get("sweep")):
-        if values is not None:
-            return list(values)
-    return list(sweep.get("values", [])) or [None]
+    for found in (preset.run_sweep.get(run.label), run.sweep, preset.sweep):
+        if found is not None:
+            return list(found)
+    return list(spec.sweep.values) or [None]
 
 
-def run_method(overrides: list[str]) -> str | None:
-    """The method preset a run's overrides name (the last `method=`), or None."""
-    named = [item.split("=", 1)[1] for item in overrides if item.startswith("method=")]
-    return named[-1] if named else None
-
-
-def experiment_grid(spec: DictConfig, preset: str, seeds: list[int] | None = None,
+def experiment_grid(spec: ExperimentSpec, preset: str, seeds: list[int] | None = None,
                     extra: list[str] = ()) -> list[GridRun]:
     """Every run of `preset`, in config order (runs, then sweep values, then seeds); `seeds` replaces the preset's."""
-    if preset not in spec.presets:
-        raise ConfigError(f"preset {preset!r} is not defined in {spec.name}: choose one of {sorted(spec.presets)}")
-    p = spec.presets[preset]
-    seeds = [int(s) for s in (p.get("seeds", []) if seeds is None else seeds)]
+    p = spec.preset(preset)
+    seeds = list(p.seeds if seeds is None else seeds)
     if not seeds:
         raise ConfigError(f"{spec.name}: preset {preset} has no seeds: list them in presets.{preset}.seeds "
                           "or give --seeds 0,1")
-    sweep = spec.get("sweep")
-    sweep_overrides = p.get("sweep_overrides", {})
     runs = []
     for run in spec.runs:
-        if "labels" in p and run.label not in p.labels:
+        if p.labels is not None and run.label not in p.labels:
             continue
-        values = sweep_values(spec, p, run)
-        tuned = tuned_overrides(run_method(run.overrides), list(p.get("tuned", [])))
-        for value in values:
-            swept = [] if value is None else [f"{sweep.key}={value}", *sweep_overrides.get(str(value), []),
-                                              *run.get("sweep_overrides", {}).get(str(value), [])]
-            label = run.label if value is None else sweep_label(run.label, sweep.tag, value)
-            for seed in seeds[: run.get("seeds", len(seeds))]:
-                overrides = (*shared_overrides(preset), *p.get("overrides", []), *tuned, *run.overrides, *swept,
-                             *p.get("run_overrides", {}).get(run.label, []), *extra,
-                             f"train.seed={seed}", f"data.seed={run.get('data_seed', seed)}")
+        tuned = tuned_overrides(run.method, list(p.tuned))
+        for value in sweep_values(spec, p, run):
+            swept = () if value is None else (f"{spec.sweep.key}={value}", *p.sweep_overrides.get(str(value), ()),
+                                              *run.sweep_overrides.get(str(value), ()))
+            label = run.label if value is None else spec.sweep.label(run.label, value)
+            data_seed = run.data_seed
+            for seed in seeds[: len(seeds) if run.seeds is None else run.seeds]:
+                overrides = (*shared_overrides(preset), *p.overrides, *tuned, *run.overrides, *swept,
+                             *p.run_overrides.get(run.label, ()), *extra,
+                             f"train.seed={seed}", f"data.seed={seed if data_seed is None else data_seed}")
                 runs.append(GridRun(label, run.label, value, seed, overrides))
     names = [run.name for run in runs]
     twice = sorted({name for name in names if names.count(name) > 1})
@@ -199,7 +130,7 @@ def experiment_grid(spec: DictConfig, preset: str, seeds: list[int] | None = Non
     return runs
 
 
-def resolved_config(spec: DictConfig, run: GridRun, runs_dir: Path) -> DictConfig:
+def resolved_config(spec: ExperimentSpec, run: GridRun, runs_dir: Path) -> DictConfig:
     """The full config of `run`, trained into runs_dir/<run.name>/ with the per-step progress line."""
     return load_config(spec.base, [*run.overrides, f"run.out_dir={runs_dir}", f"run.name={run.name}",
                                    "train.progress_bar=false"])
@@ -229,7 +160,7 @@ def with_optimizer_defaults(tree: dict) -> dict:
 def comparable(tree: dict) -> dict:
     """A config tree as runs are compared: on the optimizer's defaults, without run.out_dir and run.name (where a run
     directory lies and what it is called is how it is found, not what was trained: `--out results` and
-    `--out /abs/path/results` train the same runs, and so do table3_main's ddp-s1 and horizon's ddp-steps1024-s1)."""
+    `--out /abs/path/results` train the same runs, and so do two experiments' labels for one config)."""
     tree = with_optimizer_defaults(tree)
     return {**tree, "run": {k: v for k, v in tree["run"].items() if k not in ("out_dir", "name")}}
 
@@ -298,12 +229,12 @@ def scorable(run_dir: Path, tasks: Sequence[str]) -> bool:
     return all(t in scored for t in tasks) or (run_dir / "model.pt").exists()
 
 
-def complete_runs(results: Path, keep_diverged: bool = False, leave_out: set[Path] = frozenset(),
+def complete_runs(store: ResultsStore, keep_diverged: bool = False, leave_out: set[Path] = frozenset(),
                   tasks: Sequence[str] = ()) -> dict[Path, dict]:
-    """Every run directory of any experiment and preset under `results` but `leave_out` that can stand for a run
+    """Every run directory of any experiment and preset in the store but `leave_out` that can stand for a run
     (record_problem is None) and be scored on `tasks` (scorable), with its `comparable` config tree; one with a file
     that cannot be read is skipped (lowcomm.stored)."""
-    dirs = sorted(c.parent for c in Path(results).glob("*/*/runs/*/config.yaml") if c.parent not in leave_out)
+    dirs = [d for d in store.run_dirs() if d not in leave_out]
 
     def reusable(run_dir: Path) -> tuple[Path, dict | None]:
         usable = record_problem(run_dir, keep_diverged) is None and scorable(run_dir, tasks)
@@ -318,13 +249,13 @@ def identical_run(stored: dict[Path, dict], cfg: DictConfig) -> Path | None:
     return next((d for d, stored_tree in stored.items() if config_difference(stored_tree, tree) is None), None)
 
 
-def copy_run(source: Path, run_dir: Path, cfg: DictConfig, results: Path) -> None:
+def copy_run(source: Path, run_dir: Path, cfg: DictConfig, store: ResultsStore) -> None:
     """The stored run `source` as the run of `cfg` in run_dir: its files, config.yaml written for run_dir's name and
-    place, and `copied_from` (source, relative to `results`) added to its record."""
+    place, and `copied_from` (source, as the store names it) added to its record."""
     shutil.copytree(source, run_dir)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     record = read_record(run_dir)
-    record["copied_from"] = str(source.relative_to(results))
+    record["copied_from"] = str(store.relative(source))
     (run_dir / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True, allow_nan=False))
 
 
@@ -370,50 +301,50 @@ def train_into(run_dir: Path, cfg: DictConfig, keep_diverged: bool, index: int, 
         progress.finish(index, run, read_record(run_dir))
 
 
-def run_experiment(path: str | Path, preset: str = "cpu", out: Path = Path("runs"), seeds: list[int] | None = None,
-                   force: bool = False, extra: list[str] = (), tables_only: bool = False) -> Path:
-    """Train every run of the grid that cannot be reused, then write the tables; returns <out>/<name>/<preset>.
-    With tables_only, nothing trains: the tables are rebuilt from the stored runs (a run with a file that cannot be
-    read left out), or a ConfigError names a run that is missing or stale."""
+def run_experiment(path: str | Path, preset: str = "cpu", store: ResultsStore = ResultsStore(Path("runs")),
+                   seeds: list[int] | None = None, force: bool = False, extra: list[str] = (),
+                   tables_only: bool = False) -> StoredPreset:
+    """Train every run of the grid that cannot be reused, then write the tables; returns the preset's place in the
+    store. With tables_only, nothing trains: the tables are rebuilt from the stored runs (a run with a file that
+    cannot be read left out), or a ConfigError names a run that is missing or stale."""
     spec = load_spec(path)
-    out_dir = Path(out) / spec.name / preset
+    stored = store.preset(spec.name, preset)
     grid = experiment_grid(spec, preset, seeds, list(extra))
     if tables_only:
-        grid = readable_grid(grid, out_dir / "runs")
-    configs = [resolved_config(spec, run, out_dir / "runs") for run in grid]
+        grid = readable_grid(grid, stored.runs_dir)
+    configs = [resolved_config(spec, run, stored.runs_dir) for run in grid]
     for cfg in configs:  # every run validated before the first one starts
         validate(cfg)
-    keep_diverged = bool(spec.get("keep_diverged", False))
-    reasons = ["--force" if force else stale_reason(out_dir / "runs" / run.name, cfg, keep_diverged)
+    reasons = ["--force" if force else stale_reason(stored.run_dir(run.name), cfg, spec.keep_diverged)
                for run, cfg in zip(grid, configs)]
     stale = [(run.name, reason) for run, reason in zip(grid, reasons) if reason is not None]
     if tables_only and stale:
-        raise ConfigError(f"--tables-only: {len(stale)} run(s) of {out_dir} cannot be reused, e.g. {stale[0][0]} "
+        raise ConfigError(f"--tables-only: {len(stale)} run(s) of {stored.dir} cannot be reused, e.g. {stale[0][0]} "
                           f"({stale[0][1]}): run without --tables-only to train them")
-    replaced = {out_dir / "runs" / name for name, _ in stale}  # emptied before they are trained again
-    tasks = list(spec.get("downstream", []))
-    stored = complete_runs(out, keep_diverged, replaced, tasks) if stale and not force else {}
-    sources = [None if reason is None else identical_run(stored, cfg) for cfg, reason in zip(configs, reasons)]
+    replaced = {stored.run_dir(name) for name, _ in stale}  # emptied before they are trained again
+    tasks = list(spec.downstream)
+    complete = complete_runs(store, spec.keep_diverged, replaced, tasks) if stale and not force else {}
+    sources = [None if reason is None else identical_run(complete, cfg) for cfg, reason in zip(configs, reasons)]
     progress = Progress(f"{spec.name}/{preset}", len(grid), len(stale) - sum(s is not None for s in sources))
     for index, (run, cfg, reason, source) in enumerate(zip(grid, configs, reasons, sources), start=1):
-        run_dir = out_dir / "runs" / run.name
+        run_dir = stored.run_dir(run.name)
         if reason is None:
             progress.line(index, run, "reused (complete, same config)")
         else:
             if run_dir.exists():
                 shutil.rmtree(run_dir)  # a stale or partial run is replaced whole
             if source is not None:
-                copy_run(source, run_dir, cfg, out)
-                progress.line(index, run, f"copied from {source.relative_to(out)} (complete, same config)")
+                copy_run(source, run_dir, cfg, store)
+                progress.line(index, run, f"copied from {store.relative(source)} (complete, same config)")
             else:
-                train_into(run_dir, cfg, keep_diverged, index, run, reason, progress)
+                train_into(run_dir, cfg, spec.keep_diverged, index, run, reason, progress)
         if not tables_only:
             evaluate_downstream(run_dir, tasks)
     results = readable(lambda run: RunResult.read(run.label, run.method, run.sweep_value, run.seed,
-                                                  out_dir / "runs" / run.name), grid)
-    params = table_params(spec, preset)
-    write_tables(build_tables(params, results), params, out_dir)
-    return out_dir
+                                                  stored.run_dir(run.name)), grid)
+    table = spec.table_of(preset)
+    write_tables(build_tables(table, results), table, stored.dir)
+    return stored
 
 
 def evaluate_downstream(run_dir: Path, tasks: list[str]) -> None:
@@ -427,12 +358,12 @@ def evaluate_downstream(run_dir: Path, tasks: list[str]) -> None:
         evaluate_run_dir(run_dir, tasks=missing)
 
 
-def write_tables(tables: dict[str, pd.DataFrame], params: dict, out_dir: Path) -> None:
+def write_tables(tables: dict[str, pd.DataFrame], spec: TableSpec, out_dir: Path) -> None:
     """Each table as <name>.csv, and all of them in table.md (the kind's columns and the table's `show`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         table.to_csv(out_dir / f"{name}.csv", index=False)
-    (out_dir / "table.md").write_text(markdown(tables, params["kind"], params.get("show", [])))
+    (out_dir / "table.md").write_text(markdown(tables, spec))
 
 
 @functools.cache
@@ -444,13 +375,13 @@ def commit_exists(commit: str) -> bool:
     return sha != "unknown" and found.returncode == 0
 
 
-def provenance_problems(config_path: str | Path, preset: str, out: Path = RESULTS) -> list[str]:
-    """Why rows of <out>/<name>/<preset>/table.csv do not trace to its stored runs (empty: every row does). Each
+def provenance_problems(config_path: str | Path, preset: str, store: ResultsStore = ResultsStore()) -> list[str]:
+    """Why rows of the preset's stored table.csv do not trace to its stored runs (empty: every row does). Each
     run a row names must belong to the experiment's grid under that label, have a record (not marked other than
     complete) and a config.yaml equal to its resolved config, and a commit of this repository listed in the row."""
     spec = load_spec(config_path)
-    out_dir = Path(out) / spec.name / preset
-    table = preset_table(out_dir)
+    stored = store.preset(spec.name, preset)
+    table = stored.table()
     names = [name for runs in table["runs"] for name in runs.split()]
     seeds = sorted({seed_of(name) for name in names})
     grid = {run.name: run for run in experiment_grid(spec, preset, seeds)}
@@ -460,7 +391,7 @@ def provenance_problems(config_path: str | Path, preset: str, out: Path = RESULT
         if len(runs) != row["seeds"]:
             problems.append(f"{row['label']}: {row['seeds']} seeds but runs {runs}")
         for name in runs:
-            run_dir = out_dir / "runs" / name
+            run_dir = stored.run_dir(name)
             if name not in grid or grid[name].label != row["label"]:
                 problems.append(f"{row['label']}: run {name} is not in the experiment's {preset} grid")
             elif not (run_dir / "record.json").exists() or not (run_dir / "config.yaml").exists():
@@ -468,13 +399,13 @@ def provenance_problems(config_path: str | Path, preset: str, out: Path = RESULT
             else:
                 try:
                     record = read_record(run_dir)
-                    diff = stored_config_difference(run_dir, resolved_config(spec, grid[name], out_dir / "runs"))
+                    diff = stored_config_difference(run_dir, resolved_config(spec, grid[name], stored.runs_dir))
                 except StoredFileError as err:
                     problems.append(f"{row['label']}: run {name} cannot be read: {err}")
                     continue
                 if diff:
                     problems.append(f"{row['label']}: run {name} was made with another config ({diff}): rerun it")
-                allowed = ("complete", "diverged") if spec.get("keep_diverged", False) else ("complete",)
+                allowed = ("complete", "diverged") if spec.keep_diverged else ("complete",)
                 if record.get("status", "complete") not in allowed:
                     problems.append(f"{row['label']}: run {name} is {record['status']!r}")
                 commit = record.get("git_commit", "unknown")
@@ -513,22 +444,28 @@ REFERENCE_MEANS = ("'within 2 std': your final loss lies within two standard dev
 
 
 SHORT_NAMES = {"final_val_loss": "val loss", "final_val_ppl": "val ppl", "bytes_per_step/total": "bytes/step",
-               "bytes_ratio_to_ddp": "bytes / ddp", "state_ratio_to_adamw": "state / AdamW",
-               "downstream/heldout_passage_ending/acc": "offline task acc", "nu_mean_over_training": "mean nu_t",
-               "steps_to_target": "steps to target"}
+               "state_ratio_to_adamw": "state / AdamW", "downstream/heldout_passage_ending/acc": "offline task acc",
+               "nu_mean_over_training": "mean nu_t", "steps_to_target": "steps to target"}
 
 
-def print_summary(out_dir: Path, kind: str) -> None:
+def short_name(column: str) -> str:
+    """A column's name in the printed view: SHORT_NAMES, `bytes / <row>` for bytes_ratio_to_<row>, else itself."""
+    if column.startswith("bytes_ratio_to_"):
+        return f"bytes / {column.removeprefix('bytes_ratio_to_')}"
+    return SHORT_NAMES.get(column, column)
+
+
+def print_summary(stored: StoredPreset, spec: TableSpec) -> None:
     """The compact table of the kind (every column: table.md / table.csv) and the comparisons, each with a line
     saying what it means."""
-    table = preset_table(out_dir)
-    print(f"Results in {out_dir}/ (table.md and table.csv have every column):")
-    compact = table[compact_columns(table, kind)].rename(columns=lambda c: SHORT_NAMES.get(c, c))
+    table = stored.table()
+    print(f"Results in {stored.dir}/ (table.md and table.csv have every column):")
+    compact = table[compact_columns(table, spec)].rename(columns=short_name)
     print(compact.to_markdown(index=False, floatfmt=".4g"))
     if downstream_sources(table):
         print(downstream_sources(table))
-    if (out_dir / "comparisons.csv").exists():
-        comparisons = preset_table(out_dir, "comparisons")
+    if stored.has("comparisons"):
+        comparisons = stored.table("comparisons")
         if not comparisons.empty:
             print(f"\nComparisons. {COMPARISONS_MEAN}")
             shown = [c for c in ("sweep_value", "a", "b", "metric", "n", "diff", "ci_low", "ci_high", "verdict")
@@ -536,13 +473,12 @@ def print_summary(out_dir: Path, kind: str) -> None:
             print(comparisons[shown].to_markdown(index=False, floatfmt=".4g"))
 
 
-def print_beside_reference(out_dir: Path, reference_dir: Path) -> None:
-    ours = preset_table(out_dir)
-    if not (reference_dir / "table.csv").exists():
-        print(f"No stored reference at {reference_dir}/ yet: nothing to compare with.")
+def print_beside_reference(ours: StoredPreset, reference: StoredPreset) -> None:
+    if not reference.has():
+        print(f"No stored reference at {reference.dir}/ yet: nothing to compare with.")
         return
-    comparison = compare_to_reference(ours, preset_table(reference_dir))
-    print(f"\nFinal validation loss beside the stored reference ({reference_dir}/, mean +- std over its seeds). "
+    comparison = compare_to_reference(ours.table(), reference.table())
+    print(f"\nFinal validation loss beside the stored reference ({reference.dir}/, mean +- std over its seeds). "
           f"{REFERENCE_MEANS}")
     print(comparison.to_markdown(index=False, floatfmt=".4g"))
 
@@ -573,10 +509,12 @@ def main(argv: list[str] | None = None) -> None:
     with counting_skipped():
         try:
             seeds = parse_seeds(args.seeds) if args.seeds else None
-            out_dir = run_experiment(args.config, preset, Path(args.out), seeds, args.force, extra, args.tables_only)
-            print_summary(out_dir, table_params(load_spec(args.config), preset)["kind"])
-            if Path(args.out).resolve() != RESULTS.resolve():
-                print_beside_reference(out_dir, RESULTS / out_dir.relative_to(args.out))
+            store = ResultsStore(Path(args.out))
+            stored = run_experiment(args.config, preset, store, seeds, args.force, extra, args.tables_only)
+            print_summary(stored, load_spec(args.config).table_of(preset))
+            reference = ResultsStore()
+            if store.root.resolve() != reference.root.resolve():
+                print_beside_reference(stored, reference.preset(stored.experiment, preset))
         except (ConfigError, DataUnavailable, StoredFileError) as err:
             sys.exit(f"error: {err}")
         except RunEnded as err:

@@ -12,128 +12,43 @@ a - b paired over seeds, its 95 % t-interval and verdict (lowcomm.repro.stats.pa
   probe_cosine_mean_over_syncs   mean cosine of Delta to the full-batch direction over the syncs (probe runs)
   dense_basis_angle_mean_over_syncs   mean over the syncs of the largest angle between the basis of a compressed
                          Delta and that of the dense Delta (sync.probe_dense_basis)
-Modeled columns follow lowcomm.repro.wallclock and carry their parameters (bandwidth, latency) as columns.
+Modeled columns follow lowcomm.cost.wallclock and carry their parameters (bandwidth, latency) as columns.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from lowcomm.config import parse_sections
-from lowcomm.eval.local_tasks import LOCAL_SUFFIX
-from lowcomm.eval.tasks import OFFLINE_TASK
-from lowcomm.optim.dion import fixed_rank
-from lowcomm.optim.lowrank_adam import resolve_rank
-from lowcomm.repro.accounting import (
-    AccountedMethod,
-    ParamShapes,
-    analytic_bytes_per_step,
-    matrix_moments_ratio,
-    meta_model,
-    param_shapes,
-    state_summary,
-)
-from lowcomm.repro.stats import against_best, paired_difference, sample_std
-from lowcomm.repro.wallclock import (
+from lowcomm.config import ConfigError, parse_sections
+from lowcomm.cost.bytes import analytic_bytes_per_step
+from lowcomm.cost.method import AccountedMethod
+from lowcomm.cost.shapes import ParamShapes, meta_model, param_shapes
+from lowcomm.cost.state import matrix_moments_ratio, state_summary
+from lowcomm.cost.wallclock import (
     BANDWIDTHS_GBPS,
     LATENCY_S,
     crossover_rate_mbit,
     step_time,
     steps_to_reach,
 )
-from lowcomm.stored import RERUN, StoredFileError, read_config, readable, reading
-from lowcomm.training.run_dir import read_record
+from lowcomm.eval.local_tasks import LOCAL_SUFFIX
+from lowcomm.eval.tasks import OFFLINE_TASK
+from lowcomm.optim.dion import fixed_rank
+from lowcomm.optim.lowrank_adam import resolve_rank
+from lowcomm.repro.spec import TableSpec
+from lowcomm.repro.stats import against_best, paired_difference, sample_std
+from lowcomm.repro.store import RunResult
 
 KEY_STDS = ("final_val_loss", "final_val_ppl")
-
-
-@dataclass
-class RunResult:
-    """One finished run: its place in the grid (label, method, sweep value, seed, name), its record, its resolved
-    config and its metrics.csv."""
-
-    label: str
-    method: str
-    sweep_value: Any
-    seed: int
-    name: str
-    record: dict
-    config: DictConfig
-    metrics: pd.DataFrame
-
-    @classmethod
-    def read(cls, label: str, method: str, sweep_value: Any, seed: int, run_dir: Path) -> "RunResult":
-        """The run stored in run_dir, at its place in the grid; a StoredFileError when one of its files cannot be
-        read."""
-        return cls(label, method, sweep_value, seed, run_dir.name, *read_run_files(run_dir))
-
-    def validation_curve(self) -> pd.DataFrame:
-        """(step, val_loss) at every validation point."""
-        return self.metrics.loc[self.metrics["val_loss"].notna(), ["step", "val_loss"]].reset_index(drop=True)
-
-    @property
-    def tokens_per_step(self) -> int:
-        c = self.config
-        return c.data.batch_size * c.data.context * c.train.devices * c.train.num_nodes
-
-
-def run_name(label: str, seed: int) -> str:
-    """A run's directory name: <label>-s<seed>."""
-    return f"{label}-s{seed}"
-
-
-def seed_of(name: str) -> int:
-    """The seed in a run's directory name <label>-s<seed>."""
-    return int(name.rsplit("-s", 1)[1])
-
-
-def read_table(path: Path, fix: str) -> pd.DataFrame:
-    """The CSV table stored at `path`; a StoredFileError naming `fix` when it is missing, not CSV or cut short (its
-    last line without its line break)."""
-    with reading(path, "a CSV table", fix):
-        text = path.read_text()
-        table = pd.read_csv(io.StringIO(text))
-    if not text.endswith("\n"):
-        raise StoredFileError(path, "cut short (its last line has no line break)", fix)
-    return table
-
-
-def preset_table(preset_dir: Path, name: str = "table") -> pd.DataFrame:
-    """<out>/<experiment>/<preset>/<name>.csv, a table the experiment runner writes."""
-    experiment, preset, out = preset_dir.parent.name, preset_dir.name, preset_dir.parent.parent
-    fix = (f"rebuild it: python -m lowcomm.repro.experiment experiments/{experiment}/config.yaml {preset} "
-           f"--out {out} --tables-only")
-    return read_table(preset_dir / f"{name}.csv", fix)
-
-
-def analytic_table(path: Path) -> pd.DataFrame:
-    """The analytic communication table lowcomm.repro.accounting writes at `path`."""
-    return read_table(path, f"rebuild it: python -m lowcomm.repro.accounting --out {path}")
-
-
-def read_run_files(run_dir: Path) -> tuple[dict, DictConfig, pd.DataFrame]:
-    """A stored run's record.json, config.yaml and metrics.csv; a StoredFileError when one cannot be read."""
-    return read_record(run_dir), read_config(run_dir / "config.yaml", RERUN), read_table(run_dir / "metrics.csv", RERUN)
-
-
-def stored_runs(preset_dir: Path) -> list[RunResult]:
-    """The runs of a stored table, in table order: table.csv names each row's label, method, sweep value and runs. A
-    run whose files cannot be read is skipped (lowcomm.stored)."""
-    def read(place: tuple[Any, str]) -> RunResult:
-        row, name = place
-        return RunResult.read(row.label, row.method, row.sweep_value, seed_of(name), preset_dir / "runs" / name)
-
-    return readable(read, [(row, name) for row in preset_table(preset_dir).itertuples() for name in row.runs.split()])
 
 
 def _numeric(value: Any) -> bool:
@@ -261,7 +176,7 @@ def _reach(curve: pd.Series, target: float) -> float:
 
 def add_modeled_times(table: pd.DataFrame, steps: pd.Series, bandwidths: list[float], latency_s: float,
                       name: str) -> None:
-    """Columns t_step_s_<bw>gbps and <name>_s_<bw>gbps = steps x t_step (lowcomm.repro.wallclock), and the latency."""
+    """Columns t_step_s_<bw>gbps and <name>_s_<bw>gbps = steps x t_step (lowcomm.cost.wallclock), and the latency."""
     table["modeled_latency_s"] = latency_s
     for bw in bandwidths:
         t = [step_time(c, b, n, bw, latency_s) for c, b, n in
@@ -296,7 +211,7 @@ def pairs_at_values(pairs: list[list[str]], table: pd.DataFrame) -> list[list[st
 
 # ---------------------------------------------------------------------------------------------- kinds
 
-def methods_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def methods_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """LoRDO's Table 3: loss and perplexity, downstream accuracy ('not evaluated' without a record's `downstream`),
     bytes per worker per step and their ratio to each baseline, optimizer state and its ratio to AdamW's (the
     `state_baseline` row), AdamW's moments of the hidden matrices over the low-rank moments, and the modeled time
@@ -345,7 +260,7 @@ def update_balance(run: RunResult) -> float:
     return float((later["update_rms/full"] / later["update_rms/low"]).median())
 
 
-def stagnation_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def stagnation_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """Loss and the optimizer settings `settings` (default omega and weight decay) per row, the subspace movement at
     the syncs (largest principal angle between consecutive bases: its maximum and median over the syncs) and the
     balance of the update's terms (update_balance)."""
@@ -382,7 +297,7 @@ def grid_edges(table: pd.DataFrame, winner: str, settings: list[str]) -> str:
     return " ".join(edges)
 
 
-def choice_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def choice_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """The protocol's choice among settings (spec/experiments.md, v2), within each group of rows that share the
     values of the `group` keys (e.g. optim.name and train.devices, the worker count M): per row its `settings`
     (dotted config keys), the mean and
@@ -411,7 +326,7 @@ def choice_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFra
     return {"table": table}
 
 
-def sweep_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def sweep_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """Loss per run label and sweep value; the `compare` pairs of run labels at every sweep value."""
     runs = per_run_frame(results)
     table = summarize(runs)
@@ -421,7 +336,7 @@ def sweep_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFram
     return {"table": table, "comparisons": comparisons}
 
 
-def horizon_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def horizon_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """Per run label and horizon (sweep value: train.steps): the loss, the paired gap to the `baseline` row at the
     same horizon, the steps the baseline's longest run (mean curve) needs to reach the row's final loss, and the
     `compare` pairs [a, b] of run labels (e.g. K = 8 against K = 32) at every horizon both have."""
@@ -431,7 +346,7 @@ def horizon_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFr
     longest = max((r for r in results if r.method == base), key=lambda r: float(r.sweep_value), default=None)
     if longest is not None:
         curve = mean_curves([r for r in results if r.label == longest.label])[longest.label]
-        table[f"{base}_steps_to_final"] = [_reach(curve, loss) for loss in table["final_val_loss"]]
+        table["baseline_steps_to_final"] = [_reach(curve, loss) for loss in table["final_val_loss"]]
     gaps = [[method, base] for method in dict.fromkeys(table["method"]) if method != base]
     comparisons = compare_rows(runs, table, pairs_at_values(gaps + params.get("compare", []), table))
     comparisons.insert(0, "sweep_value", [table.set_index("label").loc[a, "sweep_value"] for a in comparisons["a"]])
@@ -445,7 +360,7 @@ def dion_rank(cfg: DictConfig) -> int:
     return max(fixed_rank(fraction, *s) for s in model_shapes_of(cfg).lowrank)
 
 
-def nu_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def nu_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """nu_t per method and rank: its mean over the logged steps (with the std over seeds), its maximum, its final
     value, beside the rank r and Dion's bound sqrt(r)."""
     runs = per_run_frame(results)
@@ -457,7 +372,7 @@ def nu_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
     return {"table": table, "comparisons": compare_rows(runs, table, rising)}
 
 
-def beta_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def beta_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """Loss per run label and beta; each beta against the `reference` beta of the same run label, or of the label
     `reference_of` names for it (a form whose reference is another's)."""
     runs = per_run_frame(results)
@@ -469,7 +384,7 @@ def beta_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame
     return {"table": table, "comparisons": compare_rows(runs, table, [p for p in pairs if p[1]])}
 
 
-def convergence_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def convergence_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """Steps to reach the best validation loss of the `target` label (per seed: the target run of that seed), the
     time that takes at the measured step time, the measured step time, and Ada-Orth-Dion's active rank share."""
     target = params["target"]
@@ -496,7 +411,7 @@ def model_shapes_of(cfg: DictConfig) -> ParamShapes:
 
 
 def accounted_run(cfg: DictConfig, model: nn.Module) -> AccountedMethod:
-    """What a run sends and keeps (lowcomm.repro.accounting.AccountedMethod): its sync options and the rank its
+    """What a run sends and keeps (lowcomm.cost.method.AccountedMethod): its sync options and the rank its
     optimizer's options dataclass declares: `rank` (a low-rank optimizer, resolved on `model`), or else
     `rank_fraction` (the Dion family), or neither (a full-rank optimizer)."""
     sections = parse_sections(cfg)
@@ -517,7 +432,7 @@ def analytic_bytes(run: RunResult) -> float:
     return sum(per_kind.values())
 
 
-def communication_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def communication_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """Measured bytes (beside the analytic model's), collectives, step time and state per method at this size, and
     the modeled time per step and time to the target loss (the worst final validation loss of the rows, so that
     every row reaches it) at each bandwidth."""
@@ -549,9 +464,9 @@ def time_to_reach(run: RunResult, target: float) -> float:
     return steps_to_reach(times, list(curve["val_loss"]), target)
 
 
-def emulated_network_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def emulated_network_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """Runs over the emulated network (rows: method at link rate, lowcomm.training.emulated_network) beside the
-    model of lowcomm.repro.wallclock. Measured: seconds per step (training time / steps) and to the target.
+    model of lowcomm.cost.wallclock. Measured: seconds per step (training time / steps) and to the target.
     Modeled: t_compute + 8 B / R + latency x collectives at the run's measured link rate R, t_compute being the
     method's median over its runs of (measured s/step - modeled communication): each run's compute, `compute_run_s`,
     varies from run to run on a shared CPU, and the median over the rates keeps one slow or fast run from setting
@@ -585,7 +500,7 @@ def emulated_network_table(results: list[RunResult], params: dict) -> dict[str, 
 def crossover_rates(table: pd.DataFrame, pairs: list[list[str]], latency_s: float) -> pd.DataFrame:
     """Per pair [a, b] of methods: the link rate (Mbit/s) below which a reaches the target before b. Measured:
     log-linear interpolation of log(time_a / time_b) between the two rates run where its sign changes (NaN where it
-    does not change). Modeled: lowcomm.repro.wallclock.crossover_rate_mbit with the median over the rates of each
+    does not change). Modeled: lowcomm.cost.wallclock.crossover_rate_mbit with the median over the rates of each
     method's steps to target S, compute c, bytes B and collectives n."""
     rows = []
     for a, b in pairs:
@@ -608,7 +523,7 @@ def crossover_rates(table: pd.DataFrame, pairs: list[list[str]], latency_s: floa
     return pd.DataFrame(rows, columns=["a", "b", "rates_mbit", "crossover_measured_mbit", "crossover_modeled_mbit"])
 
 
-def stability_table(results: list[RunResult], params: dict) -> dict[str, pd.DataFrame]:
+def stability_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """Per label: loss over seeds and the median full / low balance (update_balance); `spread`: per run label (a
     sweep's values together: the noise reruns of one config are one row) the loss over its runs and the spread
     (sample std over runs) of the validation loss at every validation step (`val_std/<step>`); `loss_spread`: per
@@ -638,85 +553,108 @@ def stability_table(results: list[RunResult], params: dict) -> dict[str, pd.Data
     return {"table": summarize(runs), "spread": spread, "loss_spread": loss_spread, "runs": per_run}
 
 
-KINDS: dict[str, Callable[[list[RunResult], dict], dict[str, pd.DataFrame]]] = {
-    "methods": methods_table,
-    "stagnation": stagnation_table,
-    "sweep": sweep_table,
-    "nu": nu_table,
-    "spectral": methods_table,
-    "beta": beta_table,
-    "convergence": convergence_table,
-    "communication": communication_table,
-    "horizon": horizon_table,
-    "emulated_network": emulated_network_table,
-    "stability": stability_table,
-    "choice": choice_table,
+@dataclass(frozen=True)
+class TableKind:
+    """A table kind: its builder (finished runs and the table spec -> named tables), the columns of table.md's main
+    table (an entry ending in "/" shows every column it prefixes; table.csv keeps every column) and the columns
+    printed at the end of an experiment run (`compact`; the shown ones when empty)."""
+
+    build: Callable[[list[RunResult], TableSpec], dict[str, pd.DataFrame]]
+    shown: Sequence[str]
+    compact: Sequence[str] = ()
+
+
+KINDS: dict[str, TableKind] = {
+    "methods": TableKind(
+        methods_table,
+        ["label", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl", "final_val_ppl_std", "downstream",
+         "downstream/", "bytes_per_step/total", "bytes_ratio_to_ddp", "bytes_ratio_to_lowrank_ddp",
+         "optimizer_state_bytes", "state_ratio_to_adamw", "matrix_moments_ratio", "error_feedback_bytes",
+         "anchor_bytes", "time_to_final_s_10gbps"],
+        ["label", "seeds", "final_val_loss", "final_val_ppl", "bytes_per_step/total", "bytes_ratio_to_ddp",
+         "state_ratio_to_adamw", "downstream/heldout_passage_ending/acc"]),
+    "stagnation": TableKind(
+        stagnation_table,
+        ["label", "seeds", "omega", "weight_decay", "qh_scale", "qh_denominator", "final_val_loss",
+         "final_val_loss_std", "final_val_ppl", "angle_max_over_syncs", "angle_median_over_syncs", "balance"]),
+    "sweep": TableKind(
+        sweep_table,
+        ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl",
+         "final_val_ppl_std"]),
+    "nu": TableKind(
+        nu_table,
+        ["label", "sweep_value", "seeds", "rank", "sqrt_rank", "nu_mean_over_training", "nu_mean_over_training_std",
+         "nu_max_over_training", "spectral/nu_mean", "final_val_loss"]),
+    "spectral": TableKind(
+        methods_table,
+        ["label", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl", "final_val_ppl_std",
+         "bytes_per_step/total", "bytes_ratio_to_ddp", "optimizer_state_bytes", "state_ratio_to_adamw",
+         "nu_mean_over_training", "probe_cosine_mean_over_syncs"],
+        ["label", "seeds", "final_val_loss", "final_val_ppl", "bytes_ratio_to_ddp", "state_ratio_to_adamw",
+         "nu_mean_over_training"]),
+    "beta": TableKind(
+        beta_table,
+        ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"]),
+    "convergence": TableKind(
+        convergence_table,
+        ["label", "seeds", "final_val_loss", "final_val_loss_std", "steps_to_target", "steps_to_target_std",
+         "steps_to_target_n", "step_time_s", "time_to_target_s", "active_rank_share_over_training"]),
+    "modeled_time": TableKind(
+        communication_table,
+        ["label", "seeds", "bytes_per_step/total", "analytic_bytes_per_step", "collectives_per_step", "step_time_s",
+         "optimizer_state_bytes", "final_val_loss", "steps_to_target", "t_step_s_1gbps", "t_step_s_10gbps",
+         "t_step_s_100gbps", "time_to_target_s_1gbps", "time_to_target_s_10gbps", "time_to_target_s_100gbps"],
+        ["label", "seeds", "final_val_loss", "bytes_per_step/total", "step_time_s", "steps_to_target",
+         "time_to_target_s_1gbps", "time_to_target_s_100gbps"]),
+    "gap_by_horizon": TableKind(
+        horizon_table,
+        ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "baseline_steps_to_final"]),
+    "emulated_network": TableKind(
+        emulated_network_table,
+        ["label", "link_rate_mbit", "link_rate_measured_mbit", "seeds", "final_val_loss", "bytes_per_step/total",
+         "collectives_per_step", "compute_run_s", "compute_s", "step_time_measured_s", "step_time_modeled_s",
+         "step_time_ratio", "target_loss", "steps_to_target", "time_to_target_measured_s", "time_to_target_modeled_s",
+         "time_to_target_ratio"]),
+    "stability": TableKind(
+        stability_table,
+        ["label", "seeds", "final_val_loss", "final_val_loss_std", "balance"]),
+    "choice": TableKind(
+        choice_table,
+        ["label", "optim.name", "train.devices", "sync.outer_lr", "sync.outer_momentum", "optim.lr", "optim.omega",
+         "optim.qh_scale", "optim.qh_denominator", "seeds", "mean", "std", "diff_to_winner", "ci_low", "ci_high",
+         "chosen", "tie", "edge"]),
 }
 
-# Columns of table.md per kind (table.csv keeps every column); an entry ending in "/" shows every column it prefixes.
-SHOWN = {
-    "methods": ["label", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl", "final_val_ppl_std",
-                "downstream", "downstream/", "bytes_per_step/total", "bytes_ratio_to_ddp", "bytes_ratio_to_lowrank_ddp",
-                "optimizer_state_bytes", "state_ratio_to_adamw", "matrix_moments_ratio", "error_feedback_bytes",
-                "anchor_bytes", "time_to_final_s_10gbps"],
-    "spectral": ["label", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl", "final_val_ppl_std",
-                 "bytes_per_step/total", "bytes_ratio_to_ddp", "optimizer_state_bytes", "state_ratio_to_adamw",
-                 "nu_mean_over_training", "probe_cosine_mean_over_syncs"],
-    "stagnation": ["label", "seeds", "omega", "weight_decay", "qh_scale", "qh_denominator", "final_val_loss",
-                   "final_val_loss_std", "final_val_ppl", "angle_max_over_syncs", "angle_median_over_syncs", "balance"],
-    "sweep": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl",
-              "final_val_ppl_std"],
-    "nu": ["label", "sweep_value", "seeds", "rank", "sqrt_rank", "nu_mean_over_training", "nu_mean_over_training_std",
-           "nu_max_over_training", "spectral/nu_mean", "final_val_loss"],
-    "beta": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"],
-    "horizon": ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "ddp_steps_to_final"],
-    "stability": ["label", "seeds", "final_val_loss", "final_val_loss_std", "balance"],
-    "choice": ["label", "optim.name", "train.devices", "sync.outer_lr", "sync.outer_momentum", "optim.lr", "optim.omega",
-               "optim.qh_scale", "optim.qh_denominator", "seeds", "mean", "std", "diff_to_winner", "ci_low", "ci_high",
-               "chosen", "tie", "edge"],
-    "emulated_network": ["label", "link_rate_mbit", "link_rate_measured_mbit", "seeds", "final_val_loss",
-                         "bytes_per_step/total", "collectives_per_step", "compute_run_s", "compute_s",
-                         "step_time_measured_s", "step_time_modeled_s", "step_time_ratio", "target_loss",
-                         "steps_to_target",
-                         "time_to_target_measured_s", "time_to_target_modeled_s", "time_to_target_ratio"],
-    "convergence": ["label", "seeds", "final_val_loss", "final_val_loss_std", "steps_to_target", "steps_to_target_std",
-                    "steps_to_target_n", "step_time_s", "time_to_target_s", "active_rank_share_over_training"],
-    "communication": ["label", "seeds", "bytes_per_step/total", "analytic_bytes_per_step", "collectives_per_step",
-                      "step_time_s",
-                      "optimizer_state_bytes", "final_val_loss", "steps_to_target", "t_step_s_1gbps",
-                      "t_step_s_10gbps", "t_step_s_100gbps", "time_to_target_s_1gbps", "time_to_target_s_10gbps",
-                      "time_to_target_s_100gbps"],
-}
+
+def columns(table: pd.DataFrame, entries: Sequence[str]) -> list[str]:
+    """The table's columns that `entries` name, in entry order (an entry ending in "/" names every column it
+    prefixes)."""
+    return [c for entry in entries for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
 
 
-# Columns printed at the end of an experiment run, where SHOWN would wrap in a terminal
-COMPACT = {
-    "methods": ["label", "seeds", "final_val_loss", "final_val_ppl", "bytes_per_step/total", "bytes_ratio_to_ddp",
-                "state_ratio_to_adamw", "downstream/heldout_passage_ending/acc"],
-    "spectral": ["label", "seeds", "final_val_loss", "final_val_ppl", "bytes_ratio_to_ddp", "state_ratio_to_adamw",
-                 "nu_mean_over_training"],
-    "communication": ["label", "seeds", "final_val_loss", "bytes_per_step/total", "step_time_s", "steps_to_target",
-                      "time_to_target_s_1gbps", "time_to_target_s_100gbps"],
-}
+def compact_columns(table: pd.DataFrame, spec: TableSpec) -> list[str]:
+    """The columns of the printed view that the table holds: the spec's `compact`, else its kind's, else the kind's
+    table.md columns."""
+    kind = table_kind(spec)
+    return columns(table, spec.compact or kind.compact or kind.shown)
 
 
-def compact_columns(table: pd.DataFrame, kind: str) -> list[str]:
-    """The columns of the kind's compact view (its table.md columns where it has none) that the table holds."""
-    shown = COMPACT.get(kind, SHOWN[kind])
-    return [c for entry in shown for c in table if c == entry or entry.endswith("/") and c.startswith(entry)]
+def table_kind(spec: TableSpec) -> TableKind:
+    """The kind the table spec names; a ConfigError lists the kinds."""
+    if spec.kind not in KINDS:
+        raise ConfigError(f"table.kind={spec.kind!r} is unknown: use one of {sorted(KINDS)}")
+    return KINDS[spec.kind]
 
 
-def build_tables(params: dict, results: list[RunResult]) -> dict[str, pd.DataFrame]:
-    """The tables of `params["kind"]` (the experiment config's `table` section) from the finished runs."""
-    kind = params.get("kind")
-    if kind not in KINDS:
-        raise ValueError(f"table.kind={kind!r} is unknown: use one of {sorted(KINDS)}")
-    return KINDS[kind](results, params)
+def build_tables(spec: TableSpec, results: list[RunResult]) -> dict[str, pd.DataFrame]:
+    """The tables of the spec's kind from the finished runs."""
+    return table_kind(spec).build(results, spec)
 
 
 def downstream_sources(table: pd.DataFrame) -> str:
     """One line naming the data each downstream task ran on ('' without downstream columns): the offline task's
-    files in tasks/, a local copy (a `<task>_local` task of lowcomm.eval.local_tasks), the hub, or none (needs hub)."""
+    files shipped with the package (lowcomm/eval/task_files/), a local copy (a `<task>_local` task of
+    lowcomm.eval.local_tasks), the hub, or none (needs hub)."""
     tasks = list(dict.fromkeys(c.split("/")[1] for c in table if c.startswith("downstream/")))
     if not tasks:
         return ""
@@ -726,21 +664,18 @@ def downstream_sources(table: pd.DataFrame) -> str:
         if words is not None and words.astype(str).str.contains("needs hub").all():
             return "not run (needs the hub)"
         if task == OFFLINE_TASK:
-            return f"local files (tasks/{OFFLINE_TASK}/)"
+            return f"local files (lowcomm/eval/task_files/{OFFLINE_TASK}/)"
         return "local copy" if task.endswith(LOCAL_SUFFIX) else "hub"
     return "Downstream data: " + "; ".join(f"{task}: {source(task)}" for task in tasks) + "."
 
 
-def markdown(tables: dict[str, pd.DataFrame], kind: str, show: list[str] = ()) -> str:
-    """table.md: the kind's shown columns of the main table and the experiment's `show` columns (and the downstream
-    data line), then every other table whole."""
+def markdown(tables: dict[str, pd.DataFrame], spec: TableSpec) -> str:
+    """table.md: the kind's shown columns of the main table and the spec's `show` columns (and the downstream data
+    line), then every other table whole."""
     parts = []
     for name, table in tables.items():
-        shown = list(table.columns) if name != "table" else [
-            c for entry in (*SHOWN[kind], *show) for c in table
-            if c == entry or entry.endswith("/") and c.startswith(entry)]
+        shown = list(table.columns) if name != "table" else columns(table, (*table_kind(spec).shown, *spec.show))
         sources = downstream_sources(table) if name == "table" else ""
         parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g")
                      + (f"\n\n{sources}" if sources else ""))
     return "\n\n".join(parts) + "\n"
-

@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from lowcomm.config import ConfigError, load_config
+from lowcomm.config import ConfigError, RunConfig, load_config, run_config
 from lowcomm.training.command import INSIDE_EMULATED_NETWORK, RunEnded, run_command
-from lowcomm.training.validation import validate
+from lowcomm.training.validation import check_config
 
 PROBE_SECONDS = 2.0  # each link's bulk transfer lasts about this long at its cap
 RENDEZVOUS_PORT = 29500
@@ -214,7 +214,7 @@ def interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def launch(cfg: DictConfig) -> Path:
+def launch(cfg: RunConfig) -> Path:
     """Train `cfg` (train.num_nodes workers of one device each) on an emulated cluster whose links are capped at
     train.link_rate_mbit; the run's record gains `link_rate_measured_mbit` (one value per link). Returns the run
     directory; a run that did not complete raises RunEnded with the agents' exit status."""
@@ -225,7 +225,7 @@ def launch(cfg: DictConfig) -> Path:
     reason = missing_requirements()
     if reason:
         raise ConfigError(reason)
-    validate(cfg)
+    check_config(cfg)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     cluster = Cluster(t.num_nodes, t.link_rate_mbit)
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}  # even where inherited
@@ -236,7 +236,7 @@ def launch(cfg: DictConfig) -> Path:
             print(f"emulated network: {cluster.workers} links capped at {cluster.rate_mbit:g} Mbit/s; measured "
                   + ", ".join(f"{r:.1f}" for r in rates) + " Mbit/s", flush=True)
             config_file = Path(tmp) / "config.yaml"
-            OmegaConf.save(cfg, config_file)
+            OmegaConf.save(cfg.tree, config_file)
             status = run_agents(cluster, config_file, Path(tmp), grace_s=t.collective_timeout_s)
             if status != 0:
                 logs = "".join((Path(tmp) / f"agent{i}.log").read_text()[-800:] for i in range(1, cluster.workers))
@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     name = args.name or f"emulated-{args.rate_mbit:g}mbit-{time.strftime('%Y%m%d-%H%M%S')}"
     overrides = [*overrides, f"train.num_nodes={args.workers}", "train.devices=1",
                  f"train.link_rate_mbit={args.rate_mbit}", f"run.name={name}"]
-    run_command(lambda: launch(load_config(path, overrides)), "interrupted; the emulated network is removed")
+    run_command(lambda: launch(run_config(load_config(path, overrides))),
+                "interrupted; the emulated network is removed")
 
 
 if __name__ == "__main__":

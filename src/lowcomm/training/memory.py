@@ -15,9 +15,8 @@ import os
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
-from lowcomm.config import ConfigError
+from lowcomm.config import ConfigError, RunConfig
 from lowcomm.model import ModelConfig, parameter_count
 
 FRAMEWORK_BYTES = 350 * 2**20  # a worker's Python, torch and Lightning before its first tensor
@@ -63,10 +62,10 @@ def size_text(n: float) -> str:
     return f"{n / 2**30:,.1f} GB" if n >= 2**30 else f"{n / 2**20:,.0f} MB"
 
 
-def check_memory(cfg: DictConfig, mcfg: ModelConfig, have: int | None = None) -> None:
+def check_memory(cfg: RunConfig, have: int | None = None) -> None:
     """ConfigError, in one line naming data.batch_size, when the workers this node starts need more memory than it has
     (host memory on CPU, each GPU's free memory on GPU); nothing where the machine's memory is unknown."""
-    t, batch, context = cfg.train, cfg.data.batch_size, cfg.data.context
+    t, mcfg, batch, context = cfg.train, cfg.model, cfg.data.batch_size, cfg.data.context
     need = worker_peak_bytes(mcfg, batch, context)
     on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and torch.cuda.is_available())
     if on_gpu:
@@ -82,7 +81,7 @@ def check_memory(cfg: DictConfig, mcfg: ModelConfig, have: int | None = None) ->
     fits = (have // workers - need["model"] - need["framework"]) // per_sequence
     where = "each GPU" if on_gpu else f"{workers} worker(s)"
     raise ConfigError(
-        f"data.batch_size={batch}: {where} need about {size_text(total)} (model {cfg.model.size}, "
+        f"data.batch_size={batch}: {where} need about {size_text(total)} (model {cfg.model_size}, "
         f"{parameter_count(mcfg):,} parameters: {size_text(need['model'])} of weights, gradients and optimizer state "
         f"per worker; activations of {batch} x {context} tokens {size_text(need['activations'])}), but "
         f"{size_text(have)} is available: lower data.batch_size (at most about {max(fits, 0):,} fits) or train.devices")

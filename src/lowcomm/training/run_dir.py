@@ -17,17 +17,20 @@ import shutil
 import subprocess
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from lowcomm.config import ConfigError
+import lowcomm
+from lowcomm.config import ConfigError, RunConfig
 from lowcomm.paths import ROOT
 from lowcomm.stored import RERUN, StoredFileError, read_json
 
 STATUSES = ("complete", "interrupted", "diverged", "failed")
+NOT_A_CHECKOUT = "not-a-checkout"  # a record's git_commit when the package was not imported from a git checkout
 SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a write that failed for lack of disk space (or quota)
 
 
@@ -80,12 +83,43 @@ def git_commit(root: Path = ROOT) -> str:
         return "unknown"
 
 
-def environment(accelerator: str) -> dict:
-    device = torch.cuda.get_device_name(0) if accelerator == "gpu" and torch.cuda.is_available() else platform.processor() or platform.machine()
-    commit = git_commit()
+def checkout() -> Path | None:
+    """The git checkout the package is imported from: ROOT when ROOT (two folders above the package) is the top of a
+    git work tree, as in `pip install -e .`; None for an installed package (site-packages is no checkout's top)."""
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return ROOT if Path(top).resolve() == ROOT else None
+
+
+def package_version() -> str | None:
+    """The installed lowcomm distribution's version; None when the package is imported without being installed."""
+    try:
+        return version("lowcomm")
+    except PackageNotFoundError:
+        return None
+
+
+def code_source() -> dict:
+    """What code a run runs: the package's version and folder, and the commit of its checkout (with '-dirty' and the
+    changed files under src/ and experiments/), or git_commit NOT_A_CHECKOUT for an installed package."""
+    root = checkout()
+    commit = git_commit(root) if root else NOT_A_CHECKOUT
     return {
+        "lowcomm_version": package_version(),
+        "lowcomm_location": str(Path(lowcomm.__file__).resolve().parent),
         "git_commit": commit,
-        "git_changes": git_changes() if commit.endswith("-dirty") else [],
+        "git_changes": git_changes(root) if commit.endswith("-dirty") else [],
+    }
+
+
+def environment(accelerator: str) -> dict:
+    """The run record's provenance: the code (code_source), library versions, the machine and its device."""
+    device = torch.cuda.get_device_name(0) if accelerator == "gpu" and torch.cuda.is_available() else platform.processor() or platform.machine()
+    return {
+        **code_source(),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -126,10 +160,10 @@ class RunDirectory:
             raise ConfigError(f"run directory {self.path} already holds {what}: choose another run.name, "
                               "or set run.overwrite=true to clear it first")
 
-    def create(self, cfg: DictConfig, overwrite: bool = False) -> None:
-        """Make the directory and write config.yaml. A directory that already holds files (another run) is an
-        error, unless `overwrite`, which clears it first. config.yaml is created exclusively (O_EXCL), so of two
-        runs started into one directory at once exactly one gets it."""
+    def create(self, cfg: RunConfig, overwrite: bool = False) -> None:
+        """Make the directory and write config.yaml (the loaded config, `cfg.tree`). A directory that already holds
+        files (another run) is an error, unless `overwrite`, which clears it first. config.yaml is created
+        exclusively (O_EXCL), so of two runs started into one directory at once exactly one gets it."""
         try:
             self.check_free(overwrite)
             if overwrite and self.path.is_dir():
@@ -137,7 +171,7 @@ class RunDirectory:
             self.path.mkdir(parents=True, exist_ok=True)
             try:
                 with open(self.path / "config.yaml", "x") as f:
-                    f.write(OmegaConf.to_yaml(cfg))
+                    f.write(OmegaConf.to_yaml(cfg.tree))
             except FileExistsError:
                 raise ConfigError(f"run directory {self.path} was taken by another run just now: choose another "
                                   "run.name") from None

@@ -17,15 +17,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from lowcomm.config import ConfigError, load_config
+from lowcomm.config import ConfigError, RunConfig, load_config, run_config
 from lowcomm.data import offline_streams
-from lowcomm.distributed.options import SyncOptions
 from lowcomm.quiet import quiet_libraries
 from lowcomm.training.command import INSIDE_EMULATED_NETWORK, RunEnded, run_command
-from lowcomm.training.validation import check_environment, validate
+from lowcomm.training.validation import check_config, check_environment
 
 
-def metric_loggers(cfg: DictConfig, run_dir: Path) -> list:
+def metric_loggers(cfg: RunConfig, run_dir: Path) -> list:
     """Lightning loggers beside metrics.csv: TensorBoard's event files in <run_dir>/tensorboard/ with run.loggers
     naming tensorboard (`tensorboard --logdir <run_dir>`)."""
     if "tensorboard" not in cfg.run.loggers:
@@ -35,31 +34,31 @@ def metric_loggers(cfg: DictConfig, run_dir: Path) -> list:
     return [TensorBoardLogger(save_dir=run_dir, name="tensorboard", version="", default_hp_metric=False)]
 
 
-def run_name(cfg: DictConfig) -> str:
+def run_name(cfg: RunConfig) -> str:
     if cfg.run.name:
         return cfg.run.name
     method = cfg.method or cfg.sync.name
-    return f"{method}-{cfg.model.size}-s{cfg.train.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{method}-{cfg.model_size}-s{cfg.train.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def on_cpu(cfg: DictConfig) -> bool:
+def on_cpu(cfg: RunConfig) -> bool:
     return cfg.train.accelerator == "cpu" or (cfg.train.accelerator == "auto" and not torch.cuda.is_available())
 
 
-def starts_workers(cfg: DictConfig) -> bool:
+def starts_workers(cfg: RunConfig) -> bool:
     """True where this process starts the CPU workers itself (from a fork server); one worker runs in this process,
     and processes started by torchrun / SLURM are workers already."""
     return on_cpu(cfg) and "LOCAL_RANK" not in os.environ and cfg.train.devices * cfg.train.num_nodes > 1
 
 
-def build_strategy(cfg: DictConfig, sync: SyncOptions):
-    """The SyncStrategy of the parsed sync options over gloo (CPU) or NCCL (GPU), on workers it starts itself, in this
+def build_strategy(cfg: RunConfig):
+    """The SyncStrategy of the config's sync options over gloo (CPU) or NCCL (GPU), on workers it starts itself, in this
     process (one worker), or on processes started by torchrun / SLURM (one per device)."""
     from lowcomm.training.lightning.strategy import SyncStrategy
 
     t = cfg.train
     return SyncStrategy(
-        sync, t.clip, t.collective_timeout_s, (t.log_every, t.steps),
+        cfg.sync, t.clip, t.collective_timeout_s, (t.log_every, t.steps),
         process_group_backend="gloo" if on_cpu(cfg) else "nccl",
         start_method="forkserver" if starts_workers(cfg) else "popen",
     )
@@ -71,14 +70,14 @@ def resume_hint(checkpoint: str | None) -> str:
     return "no checkpoint to continue from (set run.checkpoint_every to write some)"
 
 
-def ended(outcome: dict, cfg: DictConfig, run_dir: Path) -> RunEnded:
+def ended(outcome: dict, cfg: RunConfig, run_dir: Path) -> RunEnded:
     """The one-line message and exit status of a run that stopped early, from its outcome."""
     record = run_dir / "record.json"
     if outcome["status"] == "diverged":
         ranks = outcome["nonfinite_loss_ranks"]
         on = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
         return RunEnded(f"training diverged: the loss is not finite at step {outcome['stopped_at_step']} "
-                        f"({on}): lower optim.lr (now {cfg.optim.get('lr')}) or raise train.warmup; "
+                        f"({on}): lower optim.lr (now {cfg.optim.lr}) or raise train.warmup; "
                         f"{resume_hint(outcome['last_checkpoint'])}; record {record}", 1)
     if outcome["status"] == "failed":  # a write failed for lack of disk space
         written = outcome.get("record", f"record {record}")
@@ -91,7 +90,7 @@ def ended(outcome: dict, cfg: DictConfig, run_dir: Path) -> RunEnded:
                     128 + signal.Signals[outcome["signal"]])
 
 
-def failed(cfg: DictConfig, run_dir: Path, failures: dict[int, str], received: int | None,
+def failed(cfg: RunConfig, run_dir: Path, failures: dict[int, str], received: int | None,
            provenance: dict) -> RunEnded:
     """A run whose workers failed (or were killed after an interrupt): record it (rank 0) and say so in one line."""
     from lowcomm.training.run_dir import RunDirectory, last_checkpoint
@@ -112,26 +111,26 @@ def failed(cfg: DictConfig, run_dir: Path, failures: dict[int, str], received: i
 
 def train(cfg: DictConfig) -> Path:
     """Validate, prepare data, train with Lightning over train.devices x train.num_nodes workers; return the run
-    directory of a complete run, else raise RunEnded (interrupted, diverged, a worker failed)."""
-    if cfg.train.link_rate_mbit < 0:
-        raise ConfigError(f"train.link_rate_mbit={cfg.train.link_rate_mbit} must be >= 0 (0: no emulated network)")
-    if cfg.train.link_rate_mbit > 0 and not os.environ.get(INSIDE_EMULATED_NETWORK):
+    directory of a complete run, else raise RunEnded (interrupted, diverged, a worker failed). The loaded config
+    `cfg` is made typed here (lowcomm.config.run_config); the run reads only that."""
+    config = run_config(cfg)
+    if config.train.link_rate_mbit > 0 and not os.environ.get(INSIDE_EMULATED_NETWORK):
         from lowcomm.training.emulated_network import launch
 
-        return launch(cfg)  # it starts one agent per emulated node, each of which comes back here
+        return launch(config)  # it starts one agent per emulated node, each of which comes back here
     environ = dict(os.environ)  # Lightning sets PL_GLOBAL_SEED, MASTER_PORT, LOCAL_RANK, ... in this process
     from lowcomm.training.lightning.workers import start_worker_server
 
-    if starts_workers(cfg):
+    if starts_workers(config):
         start_worker_server()  # its imports overlap with this function's until the workers start
-    sections = validate(cfg)
-    check_environment(cfg)
+    check_config(config)
+    check_environment(config)
     from lowcomm.training.run_dir import RunDirectory, environment
 
-    provenance = environment(cfg.train.accelerator)  # the code this run starts from (its workers import it now)
-    run_dir = Path(cfg.run.out_dir) / run_name(cfg)
+    provenance = environment(config.train.accelerator)  # the code this run starts from (its workers import it now)
+    run_dir = Path(config.run.out_dir) / run_name(config)
     if int(os.environ.get("RANK", "0")) == 0:
-        RunDirectory(run_dir).check_free(cfg.run.overwrite)  # before the corpus is read
+        RunDirectory(run_dir).check_free(config.run.overwrite)  # before the corpus is read
     import lightning as L
     from lightning.pytorch.callbacks import TQDMProgressBar
 
@@ -145,23 +144,24 @@ def train(cfg: DictConfig) -> Path:
     from lowcomm.training.lightning.module import LanguageModelTask
 
     # the offline corpus is tokenized (or read from its cache) once, here, and shared with the workers
-    offline_tokens = offline_streams(cfg.data.vocab_size)[:2] if cfg.data.corpus == "offline" else None
-    if cfg.run.overwrite and cfg.run.resume_from and run_dir.resolve() in Path(cfg.run.resume_from).resolve().parents:
-        raise ConfigError(f"run.overwrite=true would delete run.resume_from={cfg.run.resume_from}: choose another "
+    offline_tokens = offline_streams(config.data.vocab_size)[:2] if config.data.corpus == "offline" else None
+    resume_from = config.run.resume_from
+    if config.run.overwrite and resume_from and run_dir.resolve() in Path(resume_from).resolve().parents:
+        raise ConfigError(f"run.overwrite=true would delete run.resume_from={resume_from}: choose another "
                           "run.name for the resumed run")
     if int(os.environ.get("RANK", "0")) == 0:
-        RunDirectory(run_dir).create(cfg, overwrite=cfg.run.overwrite)
-    L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-    task = LanguageModelTask(cfg, sections, provenance, str(run_dir), offline_tokens)
-    t = cfg.train
+        RunDirectory(run_dir).create(config, overwrite=config.run.overwrite)
+    L.seed_everything(config.train.seed, workers=True, verbose=False)
+    task = LanguageModelTask(config, provenance, str(run_dir), offline_tokens)
+    t = config.train
     trainer = L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,
         num_nodes=t.num_nodes,
-        strategy=build_strategy(cfg, sections.sync),
+        strategy=build_strategy(config),
         precision=t.precision,
         max_steps=t.steps,
-        logger=metric_loggers(cfg, run_dir) or False,
+        logger=metric_loggers(config, run_dir) or False,
         enable_checkpointing=False,
         enable_progress_bar=t.progress_bar,
         callbacks=[TQDMProgressBar()] if t.progress_bar else [],  # tqdm's bar, whether or not rich is installed
@@ -171,21 +171,21 @@ def train(cfg: DictConfig) -> Path:
         log_every_n_steps=t.log_every,
     )
     try:
-        trainer.fit(task, ckpt_path=cfg.run.resume_from)
+        trainer.fit(task, ckpt_path=resume_from)
     except WorkerFailed as failure:  # workers started here: the parent names the rank
-        raise failed(cfg, run_dir, failure.failures, failure.signal, provenance) from None
+        raise failed(config, run_dir, failure.failures, failure.signal, provenance) from None
     except Exception as err:  # a process started by torchrun / SLURM: its own collective failed
         if not is_collective_failure(err):
             raise
         rank = int(os.environ.get("RANK", "0"))
-        raise failed(cfg, run_dir, {rank: f"had a collective fail ({collective_error(err)}): another worker "
+        raise failed(config, run_dir, {rank: f"had a collective fail ({collective_error(err)}): another worker "
                                           f"died or did not answer within train.collective_timeout_s"}, None,
                      provenance) from None
     finally:  # a run inside a longer-lived process leaves its environment as it found it
         os.environ.clear()
         os.environ.update(environ)
     if task.outcome["status"] != "complete":
-        raise ended(task.outcome, cfg, run_dir)
+        raise ended(task.outcome, config, run_dir)
     return run_dir
 
 

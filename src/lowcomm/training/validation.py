@@ -1,6 +1,7 @@
-"""Checks of a run made before any worker starts: `validate` (the config's values, the model / optimizer / sync fit,
-the launcher for several nodes, the checkpoint to resume from) and `check_environment` (what the run needs of this
-machine: its GPUs, memory, the hub). Each failure is one line naming the key and the fix.
+"""Checks of a run made before any worker starts: `validate` (a loaded config made typed, lowcomm.config.run_config,
+then `check_config`: the config's values, the model / optimizer / sync fit, the launcher for several nodes, the
+checkpoint to resume from) and `check_environment` (what the run needs of this machine: its GPUs, memory, the hub).
+Each failure is one line naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from lowcomm.config import ConfigError, Sections, method_preset, parse_sections
+from lowcomm.config import ConfigError, RunConfig, Sections, method_preset, parse_sections, run_config
 from lowcomm.data import (
     OFFLINE_VOCAB_LIMIT,
     SMOLLM_SOURCES,
@@ -26,7 +27,7 @@ from lowcomm.data import (
     require_package,
 )
 from lowcomm.distributed.sync import check_optimizer
-from lowcomm.model import Transformer, model_config_from
+from lowcomm.model import ModelConfig, Transformer, model_config_from
 from lowcomm.optim.registry import build_from_options
 from lowcomm.training.memory import check_memory
 from lowcomm.training.run_dir import rank_checkpoint_file
@@ -35,7 +36,7 @@ from lowcomm.training.run_dir import rank_checkpoint_file
 RESUME_MAY_CHANGE = ("optim.lr", "optim.adamw_lr")
 
 
-def check_devices(cfg: DictConfig) -> None:
+def check_devices(cfg: RunConfig) -> None:
     """A GPU run needs train.devices GPUs on this machine (checked when training starts, not when a config is
     validated elsewhere)."""
     t = cfg.train
@@ -55,7 +56,7 @@ def started_by_launcher() -> bool:
     return torchrun or srun
 
 
-def check_launch(cfg: DictConfig) -> None:
+def check_launch(cfg: RunConfig) -> None:
     """Several nodes need a launcher (torchrun or SLURM) that started this process with the matching world size;
     every node must name the same run directory."""
     t = cfg.train
@@ -73,7 +74,7 @@ def check_launch(cfg: DictConfig) -> None:
                           f"{t.devices} x {t.num_nodes}: set them to the processes per node and the number of nodes")
 
 
-def check_checkpoint_file(cfg: DictConfig, rank: int) -> Path:
+def check_checkpoint_file(cfg: RunConfig, rank: int) -> Path:
     """The rank's checkpoint file, when it exists and is a whole zip archive (every member's CRC checked)."""
     path = rank_checkpoint_file(cfg.run.resume_from, rank)
     if not path.exists():
@@ -91,11 +92,17 @@ def check_checkpoint_file(cfg: DictConfig, rank: int) -> Path:
     return path
 
 
-def flat(section, prefix: str) -> dict:
-    return {f"{prefix}.{k}": v for k, v in (section or {}).items()}
+def flat(section: dict, prefix: str) -> dict:
+    return {f"{prefix}.{k}": v for k, v in section.items()}
 
 
-def check_resume(cfg: DictConfig) -> None:
+def resume_identity(method: str | None, model: ModelConfig, sections: Sections) -> dict:
+    """What a resumed run must share with the run that wrote its checkpoint, as `section.key` entries."""
+    return {"method": method, **flat(dataclasses.asdict(model), "model"), "optim.name": sections.optim_name,
+            **flat(dataclasses.asdict(sections.optim), "optim"), **flat(dataclasses.asdict(sections.sync), "sync")}
+
+
+def check_resume(cfg: RunConfig) -> None:
     """run.resume_from: rank 0's checkpoint must come from a run of the same method, model, optimizer and sync
     options (learning rates may change) and world size (its stored run config is compared first), and every
     rank's file must be whole."""
@@ -105,12 +112,12 @@ def check_resume(cfg: DictConfig) -> None:
     if stored is None:
         raise ConfigError(f"run.resume_from={cfg.run.resume_from}: {path} holds no run config, so it was not written "
                           "by lowcomm.training.train: start a new run without run.resume_from")
-    now = OmegaConf.to_container(cfg)
-    before_model = dataclasses.asdict(model_config_from(stored["model"]))
-    then = {"method": stored.get("method"), **flat(before_model, "model"), **flat(stored["optim"], "optim"),
-            **flat(stored["sync"], "sync")}
-    here = {"method": now["method"], **flat(dataclasses.asdict(model_config_from(cfg.model)), "model"),
-            **flat(now["optim"], "optim"), **flat(now["sync"], "sync")}
+    try:
+        then = resume_identity(stored.get("method"), model_config_from(stored["model"]), parse_sections(stored))
+    except ValueError as err:
+        raise ConfigError(f"run.resume_from={cfg.run.resume_from}: the run config in {path} does not parse here "
+                          f"({err}): start a new run without run.resume_from") from None
+    here = resume_identity(cfg.method, cfg.model, Sections(cfg.optim_name, cfg.optim, cfg.sync))
     differences = [f"{k}={then.get(k)} there, {here.get(k)} here" for k in dict.fromkeys([*then, *here])
                    if then.get(k) != here.get(k) and k not in RESUME_MAY_CHANGE]
     world = cfg.train.devices * cfg.train.num_nodes
@@ -123,7 +130,7 @@ def check_resume(cfg: DictConfig) -> None:
         check_checkpoint_file(cfg, rank)
 
 
-def check_hub(cfg: DictConfig) -> None:
+def check_hub(cfg: RunConfig) -> None:
     """data.corpus=smollm: the hub's host answers within seconds (unless everything is local, or the hub is set
     offline), the tokenizer loads and, without data.data_files, the hub knows the corpus."""
     from huggingface_hub import HfApi, constants
@@ -152,21 +159,22 @@ def check_hub(cfg: DictConfig) -> None:
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
 
-def validate(cfg: DictConfig) -> Sections:
-    """The config's optim and sync sections, parsed once (lowcomm.config.parse_sections); ConfigError naming the key
-    and the fix for anything that would fail after start-up."""
+def validate(cfg: DictConfig) -> RunConfig:
+    """The typed config of a loaded config (lowcomm.config.run_config), checked (check_config)."""
+    config = run_config(cfg)
+    check_config(config)
+    return config
+
+
+def check_config(cfg: RunConfig) -> None:
+    """ConfigError naming the key and the fix for anything in the config that would fail after start-up."""
     for key in ("context", "batch_size", "vocab_size", "val_batches"):
-        if cfg.data[key] < 1:
-            raise ConfigError(f"data.{key}={cfg.data[key]} must be >= 1")
-    try:
-        mcfg = model_config_from(cfg.model)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    sections = parse_sections(cfg)
-    sync = sections.sync
+        if getattr(cfg.data, key) < 1:
+            raise ConfigError(f"data.{key}={getattr(cfg.data, key)} must be >= 1")
+    mcfg, sync = cfg.model, cfg.sync
     try:
         with torch.device("meta"):  # the fit of optimizer and method is checked on a weightless model
-            optimizer = build_from_options(sections.optim_name, sections.optim, Transformer(mcfg))
+            optimizer = build_from_options(cfg.optim_name, cfg.optim, Transformer(mcfg))
         check_optimizer(sync, optimizer)
     except ValueError as err:
         raise ConfigError(replaced_optimizer_hint(cfg) + str(err)) from None
@@ -189,8 +197,8 @@ def validate(cfg: DictConfig) -> Sections:
         raise ConfigError(f"data.corpus={cfg.data.corpus!r} is unknown: use 'offline' or 'smollm'")
     t = cfg.train
     for key in ("steps", "devices", "num_nodes", "val_every", "log_every", "threads"):
-        if t[key] < 1:
-            raise ConfigError(f"train.{key}={t[key]} must be >= 1")
+        if getattr(t, key) < 1:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 1")
     if not 0 <= t.warmup <= t.steps:
         raise ConfigError(f"train.warmup={t.warmup} must lie in [0, train.steps={t.steps}] (the lr reaches its peak "
                           f"after warmup, then decays): lower train.warmup or raise train.steps")
@@ -201,6 +209,8 @@ def validate(cfg: DictConfig) -> Sections:
         raise ConfigError(f"train.init_noise={t.init_noise} must be >= 0 (a relative scale; 1e-7 is fp32 noise)")
     if not t.collective_timeout_s > 0:
         raise ConfigError(f"train.collective_timeout_s={t.collective_timeout_s} must be > 0 (seconds)")
+    if t.link_rate_mbit < 0:
+        raise ConfigError(f"train.link_rate_mbit={t.link_rate_mbit} must be >= 0 (0: no emulated network)")
     every = cfg.run.checkpoint_every
     if sync.kind.k_step and any(n % sync.sync_every for n in (t.steps, t.val_every, every)):
         raise ConfigError(
@@ -218,13 +228,12 @@ def validate(cfg: DictConfig) -> Sections:
         raise ConfigError(f"run.name={name!r} must be a plain directory name (no '/'), created under run.out_dir")
     if cfg.run.resume_from:
         check_resume(cfg)
-    return sections
 
 
 LOGGERS = ("csv", "tensorboard")
 
 
-def check_loggers(cfg: DictConfig) -> None:
+def check_loggers(cfg: RunConfig) -> None:
     """run.loggers: csv (metrics.csv, which tables, resumes and the record read) and optionally tensorboard."""
     loggers = list(cfg.run.loggers)
     if "csv" not in loggers or set(loggers) - set(LOGGERS):
@@ -234,22 +243,22 @@ def check_loggers(cfg: DictConfig) -> None:
         require_package("tensorboard", "pip install tensorboard==2.21.0")
 
 
-def replaced_optimizer_hint(cfg: DictConfig) -> str:
+def replaced_optimizer_hint(cfg: RunConfig) -> str:
     """Where a config's optim.name replaced the optimizer its method preset runs: a sentence saying so, else ''."""
     if not cfg.method:
         return ""
     preset = method_preset(cfg.method).optim.name
-    if preset == cfg.optim.name:
+    if preset == cfg.optim_name:
         return ""
-    return (f"optim.name={cfg.optim.name} replaced the optimizer of method={cfg.method} ({preset}): remove optim.name "
-            f"or choose a method for {cfg.optim.name}; ")
+    return (f"optim.name={cfg.optim_name} replaced the optimizer of method={cfg.method} ({preset}): remove optim.name "
+            f"or choose a method for {cfg.optim_name}; ")
 
 
-def check_environment(cfg: DictConfig) -> None:
+def check_environment(cfg: RunConfig) -> None:
     """What a config needs of this machine, checked before training starts (not by `validate`, which also builds
     paper presets on machines without them): the GPUs it asks for, the memory its workers need, and the hub for the
     SmolLM corpus."""
     check_devices(cfg)
-    check_memory(cfg, model_config_from(cfg.model))
+    check_memory(cfg)
     if cfg.data.corpus == "smollm":
         check_hub(cfg)

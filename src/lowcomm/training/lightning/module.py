@@ -8,10 +8,9 @@ import time
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from lowcomm.config import Sections
+from lowcomm.config import RunConfig
 from lowcomm.data import (
     SMOLLM_TOKENIZER,
     PackedSequences,
@@ -23,7 +22,7 @@ from lowcomm.data import (
     smollm_validation_texts,
     token_stream,
 )
-from lowcomm.model import Transformer, model_config_from
+from lowcomm.model import Transformer
 from lowcomm.optim.registry import build_from_options
 from lowcomm.schedule import lr_lambda
 from lowcomm.training.lightning.stopping import SignalFlag, Stop, agree_on_stop
@@ -59,16 +58,15 @@ class LanguageModelTask(L.LightningModule):
     offline corpus's (train, validation) token streams, read once by the launching process and shared with its
     workers."""
 
-    def __init__(self, cfg: DictConfig, sections: Sections, provenance: dict, run_dir: str | None = None,
+    def __init__(self, cfg: RunConfig, provenance: dict, run_dir: str | None = None,
                  offline_tokens: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         self.cfg = cfg
-        self.sections = sections  # cfg's optim and sync sections, parsed (lowcomm.config.parse_sections)
         self.provenance = provenance  # run_dir.environment() as the run started: commit, versions, device
         self.run_dir = run_dir
         self.offline_tokens = offline_tokens
         self.run: RunDirectory | None = None  # rank 0 only, created in setup()
-        self.model = Transformer(model_config_from(cfg.model))
+        self.model = Transformer(cfg.model)
         perturb_weights(self.model, cfg.train.init_noise, cfg.train.init_noise_seed)
         self.val_history: list[tuple[int, float]] = []
         self._last_time: float | None = None
@@ -112,7 +110,7 @@ class LanguageModelTask(L.LightningModule):
 
     # ------------------------------------------------------------------ optimization
     def configure_optimizers(self):
-        optimizer = build_from_options(self.sections.optim_name, self.sections.optim, self.model)
+        optimizer = build_from_options(self.cfg.optim_name, self.cfg.optim, self.model)
         t = self.cfg.train
         horizon = t.schedule_steps or t.steps
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup, horizon, t.min_lr_ratio))
@@ -157,7 +155,7 @@ class LanguageModelTask(L.LightningModule):
         """Besides the training state: the validation history, and the run config and world size that a resume
         is checked against (lowcomm.training.validation.check_resume)."""
         checkpoint["val_history"] = self.val_history
-        checkpoint["run_config"] = OmegaConf.to_container(self.cfg)
+        checkpoint["run_config"] = self.cfg.tree
         checkpoint["world_size"] = self.trainer.world_size
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

