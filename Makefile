@@ -5,10 +5,14 @@ export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 # VERBOSE=1: library banners and progress bars (silenced by default)
 export LOWCOMM_VERBOSE := $(VERBOSE)
 
-# Every experiment is a folder experiments/<name>/ whose config.yaml has a `report` entry (lowcomm.repro.spec; the
-# folder is the whole definition); `make experiments` runs those without `in_all: false`.
-DEFINED     := $(patsubst experiments/%/config.yaml,%,$(shell grep -l '^report:' experiments/*/config.yaml))
-EXPERIMENTS := $(filter-out $(patsubst experiments/%/config.yaml,%,$(shell grep -l '^  in_all: false' experiments/*/config.yaml)),$(DEFINED))
+# Every experiment is a folder experiments/<name>/ whose config.yaml has a `report` entry: its targets (DEFINED,
+# EXPERIMENTS = those `make experiments` runs, one target each) come from the specs (lowcomm.repro.spec), written to
+# .cache/experiments.mk whenever a config changes.
+ifneq ($(MAKECMDGOALS),clean)
+.cache/experiments.mk: $(wildcard experiments/*/config.yaml) src/lowcomm/repro/spec.py | $(STAMP)
+	@mkdir -p .cache && $(PY) -m lowcomm.repro.spec --make > $@.tmp && mv $@.tmp $@
+include .cache/experiments.mk
+endif
 
 .PHONY: install test test-fast train bench accounting table3 experiments $(DEFINED) tune figures report clean
 
@@ -59,14 +63,7 @@ FORCE  ?=
 run_experiment = $(PY) -m lowcomm.repro.experiment experiments/$(1)/config.yaml $(PRESET) --out $(OUT) \
 	$(if $(SEEDS),--seeds $(SEEDS)) $(if $(FORCE),--force)
 
-table3: PRESET = quick
-table3: table3_main
-
-$(filter-out communication lr_sweep,$(DEFINED)): install
-	$(call run_experiment,$@)
-
-communication: install accounting
-	$(call run_experiment,$@)
+communication: accounting
 
 experiments: $(EXPERIMENTS)
 
@@ -74,23 +71,14 @@ experiments: $(EXPERIMENTS)
 # Muon and Dion family, their non-matrix lr from stage 1), the choice again, stage 3 (the claim horizon) and protocol v2
 # (claim_v2: tuning seeds 100-102), each followed by the choice. `make lr_sweep OUT=results` updates
 # experiments/tuned_lr.yaml, which every experiment's cpu preset reads; into runs/ the choice goes to
-# runs/lr_sweep/tuned_lr.yaml and stage 2 reads the stored file.
-lr_sweep: install
-	$(PY) -m lowcomm.repro.experiment experiments/lr_sweep/config.yaml cpu --out $(OUT) $(if $(FORCE),--force)
-	$(MAKE) --no-print-directory tune
-	$(PY) -m lowcomm.repro.experiment experiments/lr_sweep/config.yaml cpu_spectral --out $(OUT) $(if $(FORCE),--force)
-	$(MAKE) --no-print-directory tune
-	$(PY) -m lowcomm.repro.experiment experiments/lr_sweep/config.yaml claim --out $(OUT) $(if $(FORCE),--force)
-	$(MAKE) --no-print-directory tune
-	$(PY) -m lowcomm.repro.experiment experiments/lr_sweep/config.yaml claim_v2 --out $(OUT) $(if $(FORCE),--force)
-	$(MAKE) --no-print-directory tune
-
+# runs/lr_sweep/tuned_lr.yaml and stage 2 reads the stored file. Its target runs the stages of its config's `tuning`.
 tune: install
 	$(PY) -m lowcomm.repro.tuning --results $(OUT) $(if $(filter results,$(OUT)),,--out $(OUT)/lr_sweep/tuned_lr.yaml)
 
 # Analytic bytes, collectives and optimizer state per worker per step at the paper sizes (no training).
 accounting: install
-	$(PY) -m lowcomm.repro.accounting --out $(OUT)/communication/analytic.csv
+	$(PY) -m lowcomm.repro.accounting --settings experiments/communication/paper_settings.yaml \
+		--out $(OUT)/communication/analytic.csv
 
 # Downstream evaluation of a run's model with lm-evaluation-harness (python -m lowcomm.eval.evaluate --help).
 .PHONY: eval

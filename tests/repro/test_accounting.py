@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lowcomm.config import ConfigError
 from lowcomm.cost.bytes import analytic_bytes_at, analytic_bytes_per_step, analytic_collectives_per_step, setup_bytes
 from lowcomm.cost.method import AccountedMethod, accounted_method, matrix_rank
 from lowcomm.cost.shapes import ParamShapes, model_shapes, param_shapes
@@ -21,9 +22,11 @@ from lowcomm.distributed.sync import optimizer_state_bytes
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim import build_optimizer
 from lowcomm.optim.lowrank_adam import LowRankAdam
-from lowcomm.repro.accounting import CPU_RANK, main, paper_crossover, paper_table, state_rows
+from lowcomm.repro.accounting import load_settings, main, paper_crossover, paper_table, state_rows
 
 ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = ROOT / "experiments" / "communication" / "paper_settings.yaml"
+PAPER = load_settings(SETTINGS)
 
 M = 4
 RING = 2 * (M - 1) / M * 4  # bytes per worker per fp32 number of an all-reduce
@@ -137,7 +140,7 @@ def test_bad_method_options_fail(options, match):
 def test_paper_table_ratios_equal_the_closed_forms(size, rank):
     """ddp / lordo = K P / (P + 2 S) and lowrank_ddp / lordo = K (S + O + L / T) / (P + 2 S), with P all numbers, L
     the matrices', O the rest, S = sum r max(a, b) one rank-r projection of every matrix, K = 32, T = 200."""
-    rows = {(r["size"], r["method"]): r for r in paper_table(steps=10_000)}
+    rows = {(r["size"], r["method"]): r for r in paper_table(PAPER, steps=10_000)}
     ddp, lowrank_ddp, lordo = (rows[size, m]["steady_mb"] for m in ("ddp", "lowrank_ddp", "lordo"))
     shapes = model_shapes(size)
     matrices = sum(a * b for a, b in shapes.lowrank)
@@ -154,13 +157,13 @@ def test_paper_model_shapes_have_separate_attention_projections():
     shapes = model_shapes("lordo-125m")
     assert sorted(shapes.lowrank) == sorted([(768, 768)] * 48 + [(3072, 768)] * 12 + [(768, 3072)] * 12)
     assert sum(math.prod(s) for s in shapes.other) == 50_368 * 768 + 25 * 768
-    rows = {(r["size"], r["method"]): r for r in paper_table(steps=10_000)}
+    rows = {(r["size"], r["method"]): r for r in paper_table(PAPER, steps=10_000)}
     assert rows["lordo-125m", "ddp"]["steady_mb"] == pytest.approx(
         1.5 * 4 * (sum(a * b for a, b in shapes.lowrank) + 50_368 * 768 + 25 * 768) / 1e6)
 
 
 def test_entry_point_prints_the_table(capsys):
-    main(["--steps", "1000"])
+    main(["--settings", str(SETTINGS), "--steps", "1000"])
     out = capsys.readouterr().out
     assert "amortized over 1000 steps" in out and "fp32" in out
     assert "lordo-720m: lowrank_ddp / lordo" in out and "paper: about 25x" in out
@@ -169,8 +172,8 @@ def test_entry_point_prints_the_table(capsys):
 
 
 def test_paper_crossover_is_where_the_modeled_times_to_the_target_meet():
-    rows = paper_table(steps=10_000)
-    crossover = paper_crossover(rows, tokens=65_536, flops_per_s=4e14, ratios=(1.0, 1.5))
+    rows = paper_table(PAPER, steps=10_000)
+    crossover = paper_crossover(PAPER, rows, flops_per_s=4e14, ratios=(1.0, 1.5))
     figures = {(r["size"], r["method"]): r for r in rows}
     for row in crossover:
         assert row["compute_s"] == pytest.approx(6 * row["params"] * 65_536 / 4e14)
@@ -239,7 +242,7 @@ def test_sync_state_and_its_summary():
 
 
 def test_paper_table_state_ratios():
-    rows = {(r["size"], r["method"]): r for r in paper_table(steps=10_000)}
+    rows = {(r["size"], r["method"]): r for r in paper_table(PAPER, steps=10_000)}
     for size, d in (("lordo-125m", 768), ("lordo-720m", 2048)):
         assert rows[size, "lordo"]["matrix_moments_ratio"] == pytest.approx(8)  # min(p, q) / r = d / (d / 8)
         assert rows[size, "ddp"]["adamw_state_over_method"] == 1
@@ -251,7 +254,7 @@ def test_paper_table_state_ratios():
 
 def test_the_state_table_at_the_cpu_size_equals_the_stored_claim_runs_by_kind():
     """Each kind of state of the analytic cpu-size row (MB) equals what the stored 1,024-step runs measured."""
-    rows = {r["method"]: r for r in state_rows(paper_table(steps=1024, sizes={"cpu": CPU_RANK}))}
+    rows = {r["method"]: r for r in state_rows(PAPER, paper_table(PAPER, steps=1024, sizes={"cpu": PAPER.cpu_rank}))}
     for method in ("ddp", "local_adam", "lordo_local", "lordo", "lowrank_ddp"):
         record = json.loads((ROOT / "results" / "table3_main" / "claim" / "runs" / f"{method}-s1" / "record.json")
                             .read_text())
@@ -277,3 +280,13 @@ def test_matrix_rank_is_the_rank_or_dions_capped_fraction():
     assert [matrix_rank(dion, s) for s in ((192, 64), (10, 7), (64, 256))] == [20, 3, 20]
     assert matrix_rank(AccountedMethod(sync_options({"name": "optimizer_sync"}), rank_fraction=2.0), (10, 7)) == 7
     assert matrix_rank(AccountedMethod(sync_options({"name": "lordo"}), rank=R), (192, 64)) == R
+
+
+def test_a_settings_file_naming_a_method_it_lacks_is_refused(tmp_path):
+    bad = tmp_path / "settings.yaml"
+    bad.write_text(SETTINGS.read_text().replace("subject: lordo", "subject: lordo_x"))
+    with pytest.raises(ConfigError, match=r"\['lordo_x'\] are not among its methods"):
+        load_settings(bad)
+    bad.write_text(SETTINGS.read_text().replace("cpu_rank:", "cpu_rnk:"))
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['cpu_rnk'\] or missing \['cpu_rank'\]"):
+        load_settings(bad)

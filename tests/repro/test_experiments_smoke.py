@@ -17,7 +17,7 @@ from lowcomm.cost.bytes import analytic_collectives_per_step
 from lowcomm.cost.shapes import model_shapes
 from lowcomm.cost.state import analytic_optimizer_state, analytic_sync_state
 from lowcomm.repro import experiment, figures, judge
-from lowcomm.repro.accounting import paper_table, write_rows
+from lowcomm.repro.accounting import load_settings, paper_table, write_rows
 from lowcomm.repro.experiment import experiment_grid, provenance_problems, run_experiment
 from lowcomm.repro.spec import load_spec, reported
 from lowcomm.repro.store import ResultsStore
@@ -180,7 +180,8 @@ def test_smoke_preset_trains_aggregates_traces_draws_and_reports(name, smoke, tm
     store = ResultsStore(results, tmp_path)
     assert provenance_problems(config, "smoke", store) == []
     if name == "communication":
-        write_rows(paper_table(steps=1000), str(results / "communication" / "analytic.csv"))
+        paper = load_settings(ROOT / "experiments" / "communication" / "paper_settings.yaml")
+        write_rows(paper_table(paper, steps=1000), str(results / "communication" / "analytic.csv"), paper)
     png = figures.draw(store.preset(name, "smoke"), load_spec(config))
     assert png.stat().st_size > 10_000 and png.with_suffix(".pdf").exists()
     spec = load_spec(config)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lowcomm.config import ConfigError
-from lowcomm.repro.spec import ExperimentSpec, experiments, load_spec, reported, tuning_sweep
+from lowcomm.repro.spec import ExperimentSpec, experiments, load_spec, make_rules, reported, tuning_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """
@@ -91,3 +91,15 @@ def test_every_experiment_folder_parses_and_the_index_follows_its_order():
     orders = [s.report.order for s in reported(ROOT / "experiments").values()]
     assert orders == sorted(orders)
     assert tuning_sweep(ROOT / "experiments").tuning.stages[0] == "cpu"
+
+
+def test_the_makefile_targets_come_from_the_specs(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    rules = make_rules(reported(Path("experiments")))
+    defined = next(line for line in rules.splitlines() if line.startswith("DEFINED := ")).split()[2:]
+    assert defined == list(reported(ROOT / "experiments"))
+    assert "table3: PRESET = quick\ntable3: table3_main" in rules  # report.make and make_preset
+    sweep = tuning_sweep(ROOT / "experiments")
+    stages = [line.split()[4] for line in rules.split(f"{sweep.name}: install\n")[1].split("\n\n")[0].splitlines()
+              if "lowcomm.repro.experiment" in line]
+    assert stages == list(sweep.tuning.stages)
