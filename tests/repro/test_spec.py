@@ -93,11 +93,11 @@ def test_every_experiment_folder_parses_and_the_index_follows_its_order():
     assert tuning_sweep(ROOT / "experiments").tuning.stages[0] == "cpu"
 
 
-def test_the_makefile_targets_come_from_the_specs(monkeypatch):
-    monkeypatch.chdir(ROOT)
-    rules = make_rules(reported(Path("experiments")))
+def test_the_makefile_targets_come_from_the_specs():
+    specs = reported(ROOT / "experiments")
+    rules = make_rules(specs)
     defined = next(line for line in rules.splitlines() if line.startswith("DEFINED := ")).split()[2:]
-    assert defined == list(reported(ROOT / "experiments"))
+    assert defined == list(specs)
     assert "table3: PRESET = quick\ntable3: table3_main" in rules  # report.make and make_preset
     sweep = tuning_sweep(ROOT / "experiments")
     stages = [line.split()[4] for line in rules.split(f"{sweep.name}: install\n")[1].split("\n\n")[0].splitlines()

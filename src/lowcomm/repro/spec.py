@@ -340,8 +340,14 @@ def parse_spec(path: Path, tree: Any) -> ExperimentSpec:
 
 
 @functools.cache
+def _tree(path: Path, text: str) -> dict:
+    """The config file's tree, read once per content."""
+    return OmegaConf.to_container(load_yaml(path))
+
+
+@functools.cache
 def _parsed(path: Path, text: str) -> ExperimentSpec:
-    return parse_spec(path, OmegaConf.to_container(load_yaml(path)))
+    return parse_spec(path, _tree(path, text))
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
@@ -356,7 +362,7 @@ def experiments(root: Path = EXPERIMENTS) -> list[ExperimentSpec]:
     """Every experiment under `root` (a folder whose config.yaml lists `runs`; a training config has none), by
     name."""
     configs = sorted(root.glob("*/config.yaml"))
-    return [load_spec(p) for p in configs if "runs" in load_yaml(p)]
+    return [load_spec(p) for p in configs if "runs" in _tree(p, p.read_text())]
 
 
 def tuning_sweep(root: Path = EXPERIMENTS) -> ExperimentSpec:
