@@ -4,7 +4,8 @@
   benchmarks/plain_ddp.py (DistributedDataParallel over gloo) with four, same model, data, optimizer, schedule,
   steps and threads; whole-process wall time and training tokens/s.
 - start-up: `lowcomm.training.train` from the command to the end of its first training step (the first metrics row past
-  step 0, watched from outside), with one and with four workers.
+  step 0, watched from outside), with one and with four workers; the whole 1-step run with one worker against the
+  plain loop's 1-step run.
 Commands take turns, repetition by repetition; medians. Writes results/bench/harness.csv (overhead) and
 results/bench/startup.csv.
 
@@ -80,6 +81,7 @@ def main() -> None:
             "lowcomm_1_worker": lambda: lowcomm_command(out, "one", args.steps, 1, args.threads),
             "plain_ddp_4_workers": lambda: [PY, "benchmarks/plain_ddp.py", f"--steps={args.steps}", "--workers=4"],
             "lowcomm_4_workers": lambda: lowcomm_command(out, "four", args.steps, 4, 1),
+            "startup_plain_loop": lambda: [PY, "benchmarks/plain_loop.py", "--steps=1", f"--threads={args.threads}"],
             "startup_1_worker": lambda: lowcomm_command(out, "start1", 1, 1, args.threads),
             "startup_4_workers": lambda: lowcomm_command(out, "start4", 1, 4, 1),
         }
