@@ -134,6 +134,16 @@ def test_at_least(tmp_path, theirs, verdict):
     assert claim.verdict == verdict and claim.ours.startswith(f"b / a = {j.num(theirs / 1e5, 3)}x")
 
 
+@pytest.mark.parametrize("slowest, verdict", [(0.4, REPRODUCED), (0.01, NOT_REPRODUCED), (float("nan"), PENDING)])
+def test_each_at_least_judges_the_smallest_row_of_a_method(tmp_path, slowest, verdict):
+    rows = [{"label": f"m_{w}", "method": "m", "angle": v} for w, v in ((0.7, 1.5), (0.9, slowest))]
+    claim = judged(stored(tmp_path, [*rows, {"label": "n", "angle": 0.001}]), rule="each_at_least", method="m",
+                   column="angle", least=0.015, note="rad")
+    assert claim.verdict == verdict
+    shown = "m_0.7 1.5" if verdict == PENDING else f"m_0.9 {j.num(slowest, 3)}"
+    assert claim.ours == f"smallest angle over 2 rows: {shown}, against 0.015 (rad)"
+
+
 @pytest.mark.parametrize("still, moving, verdict", [(0.001, 1.5, REPRODUCED), (0.02, 1.5, NOT_REPRODUCED),
                                                     (0.005, 0.04, NOT_REPRODUCED), (float("nan"), 1.5, PENDING)])
 def test_stays_below_a_bound_and_a_share_of_another_row(tmp_path, still, moving, verdict):

@@ -50,6 +50,7 @@ def test_without_stored_tables_every_claim_is_pending(tmp_path):
         "not stored yet: `make table3_main PRESET=claim OUT=results`"
     assert judged(tmp_path, "communication")[0].ours == "not stored yet: `make accounting OUT=results`"
     assert "The cpu run is pending: `make rank_sweep OUT=results`" in report.experiment_section(ResultsStore(tmp_path), SPECS["rank_sweep"])
+    assert "cpu" not in report.experiment_section(ResultsStore(tmp_path), SPECS["lordo_balance"])  # it has no cpu preset
     assert "The crossover table is pending: `make accounting OUT=results`" in \
         report.experiment_section(ResultsStore(tmp_path), SPECS["communication"])
     assert "- [table3_main](experiments/table3_main/README.md): pending (`make table3_main OUT=results`)" in \

@@ -288,6 +288,19 @@ def at_least(s: Stored, *, row: str, column: str, least: float, invert: bool = F
     return combine(verdicts), listed(found, note)
 
 
+def each_at_least(s: Stored, *, column: str, least: float, rows: list[str] = (), method: str | list[str] = (),
+                  note: str = "") -> tuple[str, str]:
+    """Reproduced when the column of every row (`rows`, or the rows of `method`) is at least `least`."""
+    labels = s.labels(rows, method)
+    found = {label: float(s.value(label, column)) for label in labels}
+    smallest = min(found, key=found.get)
+    ours = (f"smallest {column} over {len(labels)} rows: {smallest} {num(found[smallest], 3)}, against {num(least)}"
+            + (f" ({note})" if note else ""))
+    if not all(math.isfinite(v) for v in found.values()):
+        return PENDING, ours
+    return (REPRODUCED if found[smallest] >= least else NOT_REPRODUCED), ours
+
+
 def stays_below(s: Stored, *, row: str, column: str, below: float, than_row: str = "", than_column: str = "",
                 share: float = 1.0, note: str = "") -> tuple[str, str]:
     """Reproduced when the row's column is below `below` and, with `than_row`, below `share` of that row's
@@ -424,8 +437,8 @@ def open_question(s: Stored, *, a_methods: list[str], question: str, note: str =
 
 
 RULES: dict[str, Callable[..., tuple[str, str]]] = {rule.__name__: rule for rule in (
-    lower, higher, equivalent, no_worse, outcome, ratio_about, at_least, stays_below, stays_within, increases_along,
-    reaches_sooner, goal, not_testable, open_question)}
+    lower, higher, equivalent, no_worse, outcome, ratio_about, at_least, each_at_least, stays_below, stays_within,
+    increases_along, reaches_sooner, goal, not_testable, open_question)}
 
 
 # ------------------------------------------------------------------------------------------ more of our numbers

@@ -65,8 +65,11 @@ def claims_markdown(claims: list[tuple[str, Claim]], linked: bool) -> str:
     return "\n".join(lines)
 
 
-def stored_table_markdown(store: ResultsStore, name: str) -> str:
-    stored = store.preset(name, PRESET)
+def stored_table_markdown(store: ResultsStore, spec: ExperimentSpec) -> str:
+    """The stored tables of the experiment's cpu preset; '' for an experiment without one."""
+    name, stored = spec.name, store.preset(spec.name, PRESET)
+    if PRESET not in spec.presets:
+        return ""
     if not stored.markdown_path().exists():
         return f"The {PRESET} run is pending: `{target(name)} OUT=results` writes {stored.dir}/."
     tables = stored.markdown_path().read_text().replace("### ", "#### ")
@@ -77,7 +80,7 @@ def experiment_section(store: ResultsStore, spec: ExperimentSpec) -> str:
     """The body of an experiment README's 'What our run shows' section."""
     name = spec.name
     claims = [(name, c) for c in judged(store, spec)]
-    parts = [claims_markdown(claims, linked=False), stored_table_markdown(store, name)]
+    parts = [claims_markdown(claims, linked=False), stored_table_markdown(store, spec)]
     for extra in spec.report.extra_tables:
         path = store.experiment_dir(name) / f"{extra.table}.md"
         parts.append(f"{extra.title} ({path.with_suffix('.csv')}, `{extra.command}`):\n\n" + path.read_text()
@@ -86,7 +89,7 @@ def experiment_section(store: ResultsStore, spec: ExperimentSpec) -> str:
         if stored.preset != PRESET:
             parts.append(f"The {stored.preset} preset ({stored.dir}/, `{target(name)} PRESET={stored.preset} "
                          f"OUT=results`):\n\n" + stored.markdown_path().read_text().replace("### ", "#### "))
-    return "\n\n".join(parts)
+    return "\n\n".join(part for part in parts if part)
 
 
 def main_job_section(store: ResultsStore) -> str:

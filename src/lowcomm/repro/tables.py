@@ -671,9 +671,11 @@ def downstream_sources(table: pd.DataFrame) -> str:
 
 def markdown(tables: dict[str, pd.DataFrame], spec: TableSpec) -> str:
     """table.md: the kind's shown columns of the main table and the spec's `show` columns (and the downstream data
-    line), then every other table whole."""
+    line), then every other table that has rows, whole."""
     parts = []
     for name, table in tables.items():
+        if name != "table" and table.empty:
+            continue
         shown = list(table.columns) if name != "table" else columns(table, (*table_kind(spec).shown, *spec.show))
         sources = downstream_sources(table) if name == "table" else ""
         parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g")
