@@ -309,20 +309,19 @@ class LowRankAdam(torch.optim.Optimizer):
             Q, side = state["basis"], projection_side(p.shape)
             add_lifted(p, x, Q, side, -lr * low_scale, beta=decay)  # W <- (1 - lr wd) W - lr omega low
             if omega < 1:
-                full = self._apply_full_term(p, group, state["exp_avg_sq"], Q, side, c2)
-                full_sq += [torch.linalg.vector_norm(full).square()] if measure else []
+                denominator = self._full_term_denominator(group, state["exp_avg_sq"], Q, side, c2)
+                if measure:  # the applied term's norm, on logged steps only (a full-shape temporary)
+                    full_sq.append(torch.linalg.vector_norm(p.grad / denominator).square())
+                p.addcdiv_(p.grad, denominator, value=-lr)  # one pass over W
         return full_sq, low_sq
 
-    def _apply_full_term(
-        self, p: torch.Tensor, group: dict, v: torch.Tensor, Q: torch.Tensor, side: str, c2: float
+    def _full_term_denominator(
+        self, group: dict, v: torch.Tensor, Q: torch.Tensor, side: str, c2: float
     ) -> torch.Tensor:
-        """W -= lr (1 - omega) G / (mu (sqrt(lift(vh)) + eps)), mu = qh_scale; returns the applied term
-        (1 - omega) G / (...)."""
+        """mu (sqrt(lift(vh)) + eps) / (1 - omega), mu = qh_scale: the full-rank term is
+        W -= lr (1 - omega) G / (mu (sqrt(lift(vh)) + eps))."""
         vh_lifted = self._qh_second_moment(group, v, Q, side).div_(c2)
-        denominator = vh_lifted.sqrt_().add_(group["eps"]).mul_(group["qh_scale"] / (1 - group["omega"]))
-        full = p.grad / denominator
-        p.add_(full, alpha=-group["lr"])
-        return full
+        return vh_lifted.sqrt_().add_(group["eps"]).mul_(group["qh_scale"] / (1 - group["omega"]))
 
     def _qh_second_moment(self, group: dict, v: torch.Tensor, Q: torch.Tensor, side: str) -> torch.Tensor:
         """lift(v) of the full-rank term (D3), before bias correction: 'rank_mean' averages v over the rank
