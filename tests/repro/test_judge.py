@@ -127,6 +127,15 @@ def test_ratio_about_at_model_sizes_reads_the_analytic_table(tmp_path):
                   command="make tables").ours == "not stored yet: `make tables`"
 
 
+@pytest.mark.parametrize("n, half_width, got, due", [(5, 0.06, INCONCLUSIVE, True), (5, 0.04, INCONCLUSIVE, False),
+                                                     (10, 0.06, INCONCLUSIVE, False), (3, 0.06, INCONCLUSIVE, False),
+                                                     (5, 0.06, HIGHER, False)])
+def test_an_inconclusive_claim_wider_than_the_rule_goes_to_ten_seeds_once(tmp_path, n, half_width, got, due):
+    row = {**comparison("a", "b", got, n=n), "ci_low": 0.1 - half_width, "ci_high": 0.1 + half_width}
+    claim = judged(stored(tmp_path, [{"label": "a"}, {"label": "b"}], [row]), rule="lower", pairs=[["a", "b"]])
+    assert claim.ours.endswith(f"; half-width {j.num(half_width, 2)} > 0.05 at n = {n}: to n = 10 once, by rule") == due
+
+
 @pytest.mark.parametrize("theirs, verdict", [(1.2e6, REPRODUCED), (6e5, NOT_REPRODUCED)])
 def test_at_least(tmp_path, theirs, verdict):
     s = stored(tmp_path, [{"label": "a", "bytes": 1e5}, {"label": "b", "bytes": theirs}])

@@ -168,6 +168,9 @@ class Stored:
 
 # ------------------------------------------------------------------------------------------ formatting and verdicts
 
+EXTEND_FROM, EXTEND_TO, EXTEND_ABOVE = 5, 10, 0.05  # the n = 10 rule: paired seeds, seeds, half-width in nats
+
+
 def num(x: float, digits: int = 4) -> str:
     return "n/a" if x is None or not math.isfinite(float(x)) else f"{float(x):.{digits}g}"
 
@@ -352,12 +355,24 @@ def compared(s: Stored, pairs: list, metric: str, smallest: int) -> list[pd.Seri
     return found
 
 
+def more_seeds_due(c: pd.Series, verdict: str) -> str:
+    """The n = 10 rule of the lr protocol v2 (experiments/lr_sweep/README.md, step 6): a loss comparison still
+    inconclusive at 5 to 9 paired seeds with a half-width above 0.05 nats goes to 10 seeds once; '' otherwise."""
+    n, half_width = int(c["n"]), (c["ci_high"] - c["ci_low"]) / 2
+    due = verdict == INCONCLUSIVE and c["metric"] == LOSS and EXTEND_FROM <= n < EXTEND_TO
+    if not (due and half_width > EXTEND_ABOVE):
+        return ""
+    return f"; half-width {num(half_width, 2)} > {EXTEND_ABOVE} at n = {n}: to n = {EXTEND_TO} once, by rule"
+
+
 def paired(s: Stored, verdict: Callable[[pd.Series], str], pairs: list, metric: str, unit: str, min_seeds: int,
            smallest: int, merge: Callable[[list[str]], str] = combine) -> tuple[str, str]:
-    """The verdict of every comparison (pending below `min_seeds` paired seeds), merged, and the comparisons."""
+    """The verdict of every comparison (pending below `min_seeds` paired seeds), merged, and the comparisons (each
+    with the n = 10 rule's call where it is due)."""
     found = compared(s, pairs, metric, smallest)
     verdicts = [verdict_on_seeds(c, min_seeds, verdict(c)) for c in found]
-    ours = "; ".join(f"{at_sweep(c) if smallest else ''}{diff_text(c, unit)}" for c in found)
+    ours = "; ".join(f"{at_sweep(c) if smallest else ''}{diff_text(c, unit)}{more_seeds_due(c, v)}"
+                     for c, v in zip(found, verdicts))
     return (verdicts[0] if len(verdicts) == 1 else merge(verdicts)), ours
 
 
