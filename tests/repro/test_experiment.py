@@ -224,6 +224,27 @@ def stub_training(monkeypatch) -> list[str]:
     return trained
 
 
+def test_same_commit_reuses_and_copies_only_runs_of_this_commit(spec_path, tmp_path, monkeypatch):
+    spec = load_spec(spec_path)
+    run = experiment_grid(spec, "smoke")[0]
+    out = tmp_path / "results"
+    store_source(spec, run, out / "other" / "claim" / "runs" / "lordo-s0", {"status": "complete", "git_commit": "old"})
+    trained = stub_training(monkeypatch)
+    monkeypatch.setattr(experiment, "git_commit", lambda: "new")
+    experiment.run_experiment(spec_path, "smoke", ResultsStore(out), same_commit=True)
+    assert trained == [run.name]  # the other experiment's run is of another commit: trained here, not copied
+    here = out / "demo" / "smoke" / "runs" / run.name
+    (here / "record.json").write_text(json.dumps({"status": "complete", "git_commit": "new"}))
+    experiment.run_experiment(spec_path, "smoke", ResultsStore(out), same_commit=True)
+    assert trained == [run.name]  # resumed at the same commit: reused
+    monkeypatch.setattr(experiment, "git_commit", lambda: "newer")
+    experiment.run_experiment(spec_path, "smoke", ResultsStore(out), same_commit=True)
+    assert trained == [run.name, run.name]
+    monkeypatch.setattr(experiment, "git_commit", lambda: "newer-dirty")
+    with pytest.raises(ConfigError, match="--same-commit needs a clean git checkout"):
+        experiment.run_experiment(spec_path, "smoke", ResultsStore(out), same_commit=True)
+
+
 def test_a_run_another_experiment_already_trained_is_copied_not_retrained(spec_path, tmp_path, monkeypatch):
     spec = load_spec(spec_path)
     run = experiment_grid(spec, "smoke")[0]

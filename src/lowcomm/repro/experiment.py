@@ -21,7 +21,8 @@ lowcomm.stored: a run with one is trained again, and --tables-only leaves it out
 complete run of another experiment or preset under <out> (name and place aside: a row of one experiment and the
 same config under another label in another) is copied from it instead, its record naming the source (`copied_from`), provided it
 holds the scores the experiment's `downstream` tasks need or its model.pt (which results/ does not commit); --force
-trains it anew. With `downstream`, every run whose
+trains it anew. With --same-commit, only runs whose record names this (clean) checkout's commit are reused or copied:
+every run of the preset comes from one commit, and an interrupted preset still resumes. With `downstream`, every run whose
 record has no scores for those tasks is evaluated (lowcomm.eval.evaluate.evaluate_run_dir; hub tasks record "needs hub"
 when the hub cannot be reached).
 """
@@ -61,7 +62,7 @@ from lowcomm.repro.store import (
 from lowcomm.repro.tables import build_tables, compact_columns, downstream_sources, markdown
 from lowcomm.repro.tuning import tuned_overrides
 from lowcomm.stored import RERUN, StoredFileError, counting_skipped, read_config, readable, skip
-from lowcomm.training.run_dir import read_record
+from lowcomm.training.run_dir import git_commit, read_record
 from lowcomm.training.command import RunEnded
 from lowcomm.training.train import train
 from lowcomm.training.validation import validate
@@ -223,6 +224,21 @@ def stale_reason(run_dir: Path, cfg: DictConfig, keep_diverged: bool = False) ->
     return f"its config differs ({diff})" if diff else None
 
 
+def made_elsewhere(run_dir: Path, commit: str) -> str | None:
+    """Why the stored run does not come from `commit` (None: its record names it)."""
+    made = read_record(run_dir).get("git_commit")
+    return None if made == commit else f"it was made at commit {made}, not at this checkout's {commit}"
+
+
+def this_commit() -> str:
+    """The commit of a clean checkout, that every run of a table trained with --same-commit will name."""
+    commit = git_commit()
+    if commit == "unknown" or commit.endswith("-dirty"):
+        raise ConfigError(f"--same-commit needs a clean git checkout to name one commit (this one: {commit}): commit "
+                          "or stash the changes, or run from a worktree of the commit (git worktree add)")
+    return commit
+
+
 def scorable(run_dir: Path, tasks: Sequence[str]) -> bool:
     """Whether the run holds scores on every one of `tasks`, or the model.pt to compute them."""
     scored = read_record(run_dir).get("downstream", {})
@@ -303,10 +319,13 @@ def train_into(run_dir: Path, cfg: DictConfig, keep_diverged: bool, index: int, 
 
 def run_experiment(path: str | Path, preset: str = "cpu", store: ResultsStore = ResultsStore(Path("runs")),
                    seeds: list[int] | None = None, force: bool = False, extra: list[str] = (),
-                   tables_only: bool = False) -> StoredPreset:
+                   tables_only: bool = False, same_commit: bool = False) -> StoredPreset:
     """Train every run of the grid that cannot be reused, then write the tables; returns the preset's place in the
     store. With tables_only, nothing trains: the tables are rebuilt from the stored runs (a run with a file that
-    cannot be read left out), or a ConfigError names a run that is missing or stale."""
+    cannot be read left out), or a ConfigError names a run that is missing or stale. With same_commit, a run is
+    reused or copied only when its record names this checkout's commit (every run of the preset from one commit; a
+    preset interrupted part-way resumes at the same commit)."""
+    commit = this_commit() if same_commit else None
     spec = load_spec(path)
     stored = store.preset(spec.name, preset)
     grid = experiment_grid(spec, preset, seeds, list(extra))
@@ -317,6 +336,8 @@ def run_experiment(path: str | Path, preset: str = "cpu", store: ResultsStore = 
         validate(cfg)
     reasons = ["--force" if force else stale_reason(stored.run_dir(run.name), cfg, spec.keep_diverged)
                for run, cfg in zip(grid, configs)]
+    if commit is not None:
+        reasons = [reason or made_elsewhere(stored.run_dir(run.name), commit) for run, reason in zip(grid, reasons)]
     stale = [(run.name, reason) for run, reason in zip(grid, reasons) if reason is not None]
     if tables_only and stale:
         raise ConfigError(f"--tables-only: {len(stale)} run(s) of {stored.dir} cannot be reused, e.g. {stale[0][0]} "
@@ -324,6 +345,8 @@ def run_experiment(path: str | Path, preset: str = "cpu", store: ResultsStore = 
     replaced = {stored.run_dir(name) for name, _ in stale}  # emptied before they are trained again
     tasks = list(spec.downstream)
     complete = complete_runs(store, spec.keep_diverged, replaced, tasks) if stale and not force else {}
+    if commit is not None:
+        complete = {run_dir: tree for run_dir, tree in complete.items() if made_elsewhere(run_dir, commit) is None}
     sources = [None if reason is None else identical_run(complete, cfg) for cfg, reason in zip(configs, reasons)]
     progress = Progress(f"{spec.name}/{preset}", len(grid), len(stale) - sum(s is not None for s in sources))
     for index, (run, cfg, reason, source) in enumerate(zip(grid, configs, reasons, sources), start=1):
@@ -497,6 +520,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="runs", help="output directory (default runs/; results/ is the stored one)")
     parser.add_argument("--seeds", help="comma-separated seeds instead of the preset's")
     parser.add_argument("--force", action="store_true", help="rerun runs that could be reused")
+    parser.add_argument("--same-commit", action="store_true",
+                        help="reuse or copy only runs made at this checkout's commit (a clean one): every run of the "
+                             "preset from one commit, resumable")
     parser.add_argument("--tables-only", action="store_true",
                         help="train nothing: rebuild the tables from the stored runs (an error if one is stale; "
                              "one with a file that cannot be read is left out)")
@@ -510,7 +536,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             seeds = parse_seeds(args.seeds) if args.seeds else None
             store = ResultsStore(Path(args.out))
-            stored = run_experiment(args.config, preset, store, seeds, args.force, extra, args.tables_only)
+            stored = run_experiment(args.config, preset, store, seeds, args.force, extra, args.tables_only,
+                                    args.same_commit)
             print_summary(stored, load_spec(args.config).table_of(preset))
             reference = ResultsStore()
             if store.root.resolve() != reference.root.resolve():

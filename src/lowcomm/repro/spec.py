@@ -392,7 +392,8 @@ def make_rules(specs: dict[str, ExperimentSpec]) -> str:
         lines += ["", f"{name}: install"]
         if spec.tuning:
             lines += [line for stage in spec.tuning.stages for line in (
-                f"\t$(PY) -m lowcomm.repro.experiment {spec.config} {stage} --out $(OUT) $(if $(FORCE),--force)",
+                f"\t$(PY) -m lowcomm.repro.experiment {spec.config} {stage} --out $(OUT) $(if $(FORCE),--force) "
+                "$(if $(SAME_COMMIT),--same-commit)",
                 "\t$(MAKE) --no-print-directory tune")]
         else:
             lines.append(f"\t$(call run_experiment,{name})")
