@@ -176,6 +176,18 @@ def method_preset(name: str) -> DictConfig:
         return load_yaml(path)
 
 
+def preset_on_schema(name: str) -> DictConfig:
+    """A fresh copy of the schema <- method preset `name`, merged once per process and content of the preset."""
+    preset = METHODS_DIR / f"{name}.yaml"
+    text = preset.read_text() if preset.is_file() else None
+    return copy.deepcopy(_preset_on_schema(name, text))
+
+
+@functools.cache
+def _preset_on_schema(name: str, text: str | None) -> DictConfig:
+    return _merge(_schema(), method_preset(name), f"method preset {name}")  # merge copies the schema
+
+
 @functools.cache
 def _schema() -> DictConfig:
     return OmegaConf.structured(Config)
@@ -194,7 +206,6 @@ def with_defaults(stored: DictConfig | dict) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Schema <- method preset <- config file <- `key=value` overrides; returns a resolved, read-only config."""
-    cfg = schema()
     layers = []
     if path is not None:
         if not Path(path).exists():
@@ -205,9 +216,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"override {item!r} is not of the form key=value")
     layers.append((OmegaConf.from_dotlist(list(overrides)), "command line"))
     method = next((layer.get("method") for layer, _ in reversed(layers) if layer.get("method")), None)
-    if method:
-        preset = method_preset(method)
-        cfg = _merge(cfg, preset, f"method preset {method}")
+    cfg = preset_on_schema(method) if method else schema()
     for layer, origin in layers:
         for section in ("optim", "sync"):
             # a section that names another optimizer / engine replaces the preset's section whole
