@@ -16,7 +16,8 @@ GOOD = """
 name: demo
 base: experiments/base.yaml
 presets:
-  cpu: {seeds: [0, 1], overrides: [train.steps=8], run_sweep: {b: [2]}, table: {kind: sweep, show: [rank]}}
+  cpu: {seeds: [0, 1], overrides: [train.steps=8], run_sweep: {b: [2]}, table: {kind: sweep, show: [rank]},
+        figure: choice}
 sweep: {key: optim.rank, values: [4, 8], tag: r}
 runs:
   - {label: a, overrides: [method=lordo]}
@@ -41,6 +42,8 @@ def test_a_config_parses_into_a_frozen_typed_spec(tmp_path):
     cpu = spec.preset("cpu")
     assert (cpu.seeds, cpu.overrides, cpu.run_sweep["b"]) == ((0, 1), ("train.steps=8",), (2,))
     assert spec.table_of("cpu").kind == "sweep" and spec.table_of("cpu").show == ("rank",)
+    without = dataclasses.replace(spec, presets={"cpu": dataclasses.replace(cpu, figure=None)})
+    assert spec.figure_of("cpu") == "choice" and without.figure_of("cpu") == "loss"  # else the report's
     assert spec.table.compact == ("label", "seeds") and spec.table["baselines"] == ["a"] and "baselines" in spec.table
     assert spec.sweep.label("a", 4) == "a_r4"
     with pytest.raises(dataclasses.FrozenInstanceError):

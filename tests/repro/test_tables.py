@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from lowcomm.config import ConfigError
 from lowcomm.cost.bytes import analytic_bytes_per_step
 from lowcomm.cost.method import AccountedMethod
 from lowcomm.cost.shapes import model_shapes
@@ -253,3 +254,22 @@ def test_choice_table_ranks_settings_within_each_group_against_the_groups_best_m
     assert table.loc["m4_o1.0", "edge"] == "sync.outer_lr high" and table.loc["m4_o1.0", "tie"] == ""
     assert table.loc["m4_o0.4", "mean"] == pytest.approx(4.6167, abs=1e-4)
     assert (table["sync.outer_momentum"] == 0.9).all() and list(table["train.devices"]) == [1, 1, 1, 4, 4]
+
+
+def test_choice_table_adds_the_features_it_names_and_refuses_an_unknown_one():
+    """LoRDO's balance as a choice feature: the median over the steps after the warmup of full / low update RMS, per
+    run, its mean per row (the 4-step warmup leaves out step 4's ratio 9)."""
+    def lordo(seed, omega, ratios):
+        result = run(f"omega{omega}", seed, [8.0, 5.0 + omega + seed / 10, 4.0 + omega + seed / 10],
+                     config={**CONFIG, "train": {**CONFIG["train"], "warmup": 4},
+                             "optim": {"name": "lordo_local_step", "omega": omega}})
+        result.metrics["update_rms/low"] = [math.nan, 1.0, 1.0]
+        result.metrics["update_rms/full"] = [math.nan, *ratios]
+        return result
+    results = [lordo(0, 0.7, [9.0, 2.0]), lordo(1, 0.7, [9.0, 4.0]), lordo(0, 0.8, [9.0, 1.0])]
+    spec = TableSpec.parse({"kind": "choice", "settings": ["optim.omega"], "features": ["balance"]})
+    table = build_tables(spec, results)["table"].set_index("label")
+    assert table.loc["omega0.7", "balance"] == pytest.approx(3.0) and table.loc["omega0.8", "balance"] == 1.0
+    assert list(table.index[table["chosen"]]) == ["omega0.7"] and table.loc["omega0.7", "edge"] == "optim.omega low"
+    with pytest.raises(ConfigError, match=r"table.features names 'balanc': use one of \['balance'\]"):
+        build_tables(TableSpec.parse({"kind": "choice", "settings": ["optim.omega"], "features": ["balanc"]}), results)

@@ -345,7 +345,7 @@ def draw_balance(fig, stored: StoredPreset) -> None:
     runs = records(stored).merge(table[["label", "qh_scale", "qh_denominator"]], on="label")
     runs["setting"] = [f"mu {m:g}, {d}" for m, d in zip(runs["qh_scale"], runs["qh_denominator"])]
     runs["omega"] = runs["sweep_value"].astype(float)
-    angles = table.assign(setting=[f"mu {m:g}, {d}" for m, d in zip(table["qh_scale"], table["qh_denominator"])])
+    angles = table[["omega", "angle_median_over_syncs", "balance"]].assign(setting=[f"mu {m:g}, {d}" for m, d in zip(table["qh_scale"], table["qh_denominator"])])
     axes = fig.subplots(1, 3)
     sns.lineplot(runs, x="omega", y="final_val_loss", hue="setting", marker="o", errorbar=BAND, ax=axes[0])
     axes[0].set(xlabel="omega", ylabel="final validation loss (nats)", title="loss over the tuning seeds")
@@ -357,24 +357,29 @@ def draw_balance(fig, stored: StoredPreset) -> None:
 
 def draw_choice(fig, stored: StoredPreset, params: TableSpec) -> None:
     """A `choice` table's grid: final validation loss (mean and min-max over the tuning seeds) against its first
-    setting, one line per group (e.g. optimizer and worker count) and value of its second setting; the winner of each
-    group starred."""
+    setting (on a log axis where it spans a factor above 3, as lrs do), one line per group (e.g. optimizer and worker
+    count) and value of its second setting, or without groups one line per value of the other settings; the winner
+    of each group starred."""
     settings, group = list(params["settings"]), list(params.get("group", []))
     table = stored.table()
-    table["group"] = table[group].astype(str).agg(" ".join, axis=1) if group else ""
-    runs = records(stored).merge(table[["label", "group", *settings]], on="label")
+    lines = group or settings[1:]
+    keyed = table[["label", *settings]].assign(line=table[lines].astype(str).agg(" ".join, axis=1) if lines else "")
+    runs = records(stored).merge(keyed, on="label")
     ax = fig.subplots()
-    style = settings[1] if len(settings) > 1 else None
-    sns.lineplot(runs, x=settings[0], y="final_val_loss", hue="group", style=style, marker="o", errorbar=BAND, ax=ax)
+    style = settings[1] if group and len(settings) > 1 else None
+    sns.lineplot(runs, x=settings[0], y="final_val_loss", hue="line", style=style, marker="o", errorbar=BAND, ax=ax)
     chosen = table[table["chosen"]]
     ax.scatter(chosen[settings[0]], chosen["mean"], marker="*", s=160, color="k", zorder=5, label="chosen")
-    ax.set(xlabel=settings[0], ylabel="final validation loss (nats)", title="mean over the tuning seeds")
-    ax.legend(fontsize=7)
+    x = table[settings[0]]
+    spans = pd.api.types.is_numeric_dtype(x) and x.min() > 0 and x.max() > 3 * x.min()
+    ax.set(xscale="log" if spans else "linear", xlabel=settings[0],
+           ylabel="final validation loss (nats)", title="mean over the tuning seeds")
+    ax.legend(fontsize=7, title=" ".join(lines))
 
 
 @dataclass(frozen=True)
 class FigureKind:
-    """A figure kind (an experiment's `report.figure`): the function that draws a stored preset, the figure's size
+    """A figure kind (an experiment's `report.figure`, or a preset's `figure`): the function that draws a stored preset, the figure's size
     in inches, and whether the function reads the preset's table spec (its third argument)."""
 
     draw: Callable
@@ -405,7 +410,7 @@ FIGURE_KINDS: dict[str, FigureKind] = {
 def draw(stored: StoredPreset, spec: ExperimentSpec) -> Path:
     """The experiment's figure of one stored preset as <figure>.png and .pdf (stable bytes: no creation date);
     returns the .png."""
-    kind = FIGURE_KINDS[spec.report.figure]
+    kind = FIGURE_KINDS[spec.figure_of(stored.preset)]
     fig = plt.figure(figsize=kind.size)
     if kind.uses_table:
         kind.draw(fig, stored, spec.table_of(stored.preset))

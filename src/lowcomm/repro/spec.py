@@ -10,7 +10,8 @@ sweep, table, report entry). A config error names the file and the key, and the 
                          run_overrides: {<label>: [...]},     # optional: extra overrides of one run
                          run_sweep: {<label>: [...]},         # optional: one run's sweep values in this preset
                          tuned: [lr, adamw_lr],               # optional: lrs from experiments/tuned_lr.yaml
-                         table: {kind: ..., ...}}}            # optional: this preset's table instead
+                         table: {kind: ..., ...},             # optional: this preset's table instead
+                         figure: <figures kind>}}             # optional: this preset's figure instead
     runs: [{label: <row name>, overrides: [key=value, ...], seeds: <at most this many of the seeds>,
             sweep: [...], sweep_overrides: {<value>: [...]},  # optional: this run's values, its overrides
             data_seed: <int>}, ...]                          # optional: the data order of this seed, whatever the
@@ -189,9 +190,10 @@ class PresetSpec:
     run_sweep: Mapping[str, tuple] = field(default_factory=lambda: frozen_map({}))
     tuned: tuple[str, ...] = ()
     table: TableSpec | None = None
+    figure: str | None = None
 
     KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides", "run_sweep", "tuned",
-            "table"}
+            "table", "figure"}
 
     @classmethod
     def parse(cls, name: str, tree: Any, where: Where) -> "PresetSpec":
@@ -208,7 +210,8 @@ class PresetSpec:
                    overrides_by(tree.get("run_overrides", {}), where / "run_overrides"),
                    frozen_map({k: values(v, where / "run_sweep" / k) for k, v in run_sweep.items()}),
                    tuple(values(tree.get("tuned", []), where / "tuned")),
-                   None if tree.get("table") is None else TableSpec.parse(tree["table"], where / "table"))
+                   None if tree.get("table") is None else TableSpec.parse(tree["table"], where / "table"),
+                   None if tree.get("figure") is None else str(tree["figure"]))
 
     def named_labels(self) -> set[str]:
         """Every run label the preset names (labels, run_overrides, run_sweep)."""
@@ -308,6 +311,10 @@ class ExperimentSpec:
     def table_of(self, preset: str) -> TableSpec:
         """The table the preset's results are built into: its own, else the experiment's."""
         return self.preset(preset).table or self.table
+
+    def figure_of(self, preset: str) -> str:
+        """The figure kind of the preset's results: its own, else the experiment's (None without a report entry)."""
+        return self.preset(preset).figure or (self.report.figure if self.report else None)
 
     def run(self, label: str) -> RunSpec:
         return next(run for run in self.runs if run.label == label)

@@ -260,6 +260,9 @@ def update_balance(run: RunResult) -> float:
     return float((later["update_rms/full"] / later["update_rms/low"]).median())
 
 
+RUN_FEATURES: dict[str, Callable[[RunResult], float]] = {"balance": update_balance}  # a table's `features`
+
+
 def stagnation_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """Loss and the optimizer settings `settings` (default omega and weight decay) per row, the subspace movement at
     the syncs (largest principal angle between consecutive bases: its maximum and median over the syncs) and the
@@ -300,7 +303,7 @@ def grid_edges(table: pd.DataFrame, winner: str, settings: list[str]) -> str:
 def choice_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """The protocol's choice among settings (spec/experiments.md, v2), within each group of rows that share the
     values of the `group` keys (e.g. optim.name and train.devices, the worker count M): per row its `settings`
-    (dotted config keys), the mean and
+    (dotted config keys), the means of the per-run `features` (RUN_FEATURES: e.g. LoRDO's balance), the mean and
     spread of its final loss over seeds and the paired difference to the group's best mean (stats.against_best);
     `chosen` marks the winner, whose row also names the rows whose interval to it contains 0 (`tie`) and the
     settings at which it lies on an edge of the group's grid (`edge`)."""
@@ -309,6 +312,10 @@ def choice_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.Da
     keys = [*settings, *group_keys]
     for key in keys:
         runs[key] = [config_setting(r.config, key) for r in results]
+    for name in params.get("features", []):
+        if name not in RUN_FEATURES:
+            raise ConfigError(f"table.features names {name!r}: use one of {sorted(RUN_FEATURES)}")
+        runs[name] = [RUN_FEATURES[name](r) for r in results]
     table = summarize(runs)
     for key in keys:
         table[key] = runs.groupby("label", sort=False)[key].first().values
