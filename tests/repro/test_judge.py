@@ -60,6 +60,15 @@ def test_paired_rules_follow_the_paired_verdict(tmp_path, rule, got, verdict):
     assert claim.setting == "synthetic"
 
 
+def test_the_setting_names_the_commits_of_the_tables_runs(tmp_path):
+    rows = [{"label": "a", "commits": "1a2b3c4d5e 9f8e7d6c5b"}, {"label": "b", "commits": "1a2b3c4d5e"}]
+    s = stored(tmp_path, rows, [comparison("a", "b", LOWER)])
+    assert judged(s, rule="lower", pairs=[["a", "b"]]).setting == "synthetic, runs at commits 1a2b3c4 9f8e7d6"
+    s = stored(tmp_path, [{"label": "a", "commits": "1a2b3c4d5e"}, {"label": "b", "commits": "1a2b3c4d5e"}],
+               [comparison("a", "b", LOWER)])
+    assert judged(s, rule="lower", pairs=[["a", "b"]]).setting == "synthetic, runs at commit 1a2b3c4"
+
+
 def test_paired_pairs_combine_and_min_seeds_holds_a_verdict_pending(tmp_path):
     s = stored(tmp_path, [{"label": k} for k in "abc"], [comparison("a", "b", LOWER), comparison("a", "c", HIGHER),
                                                          comparison("c", "b", LOWER, n=5)])

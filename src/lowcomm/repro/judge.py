@@ -36,7 +36,7 @@ import pandas as pd
 from lowcomm.config import ConfigError
 from lowcomm.repro.accounting import ACCOUNTING_FIX
 from lowcomm.repro.stats import EQUIVALENT, HIGHER, INCONCLUSIVE, LOWER, MIN_SEEDS, TOO_FEW
-from lowcomm.repro.store import StoredPreset
+from lowcomm.repro.store import StoredPreset, commits_line
 
 PRESET = "cpu"
 LOSS = "final_val_loss"
@@ -48,7 +48,7 @@ NO_VERDICT = f"no verdict (fewer than {MIN_SEEDS} paired seeds)"
 @dataclass(frozen=True)
 class Claim:
     """A paper claim (quoted from its config entry), our verdict, our numbers, and the setting they come from (preset,
-    steps, where the lrs come from)."""
+    steps, where the lrs come from, the commits of the runs)."""
 
     paper: str
     verdict: str
@@ -164,6 +164,12 @@ class Stored:
         span = (f"{steps[0]:,} steps" if len(steps) == 1 else
                 f"{steps[0]:,}-{steps[-1]:,} steps" if steps else "not stored")
         return f"{self.preset} preset, {span}, {lrs}"
+
+    @property
+    def commits(self) -> str:
+        """'runs at commit 1a2b3c4' (or 'commits ...'; tables.commits_line): '' where the table names none."""
+        line = commits_line(self.table) if self.table is not None else ""
+        return line[0].lower() + line[1:-1] if line else ""
 
 
 # ------------------------------------------------------------------------------------------ formatting and verdicts
@@ -602,5 +608,5 @@ def judge(claim: ClaimSpec, stored: Stored) -> Claim:
     except NotStored:
         return Claim(claim.paper, PENDING, f"not stored yet: `{claim.command or stored.command}`")
     verdict = judged[0][0] if len(judged) == 1 else combine([v for v, _ in judged])
-    return Claim(claim.paper, verdict, "; ".join([*(ours for _, ours in judged), *shown]),
-                 claim.setting or stored.setting)
+    setting = ", ".join(part for part in (claim.setting or stored.setting, stored.commits) if part)
+    return Claim(claim.paper, verdict, "; ".join([*(ours for _, ours in judged), *shown]), setting)

@@ -165,3 +165,10 @@ class ResultsStore:
     def relative(self, path: Path) -> Path:
         """`path` as it is named inside the store (a run's `copied_from`)."""
         return path.relative_to(self.root)
+
+
+def commits_line(table: pd.DataFrame) -> str:
+    """'Runs at commit 1a2b3c4.' (or 'commits ...'): the commits the table's runs were made at, short, each once;
+    '' where the table names none."""
+    found = sorted({c[:7] for cell in table.get("commits", pd.Series(dtype=str)).dropna() for c in str(cell).split()})
+    return f"Runs at commit{'s' if len(found) > 1 else ''} {' '.join(found)}." if found else ""

@@ -46,7 +46,7 @@ from lowcomm.optim.dion import fixed_rank
 from lowcomm.optim.lowrank_adam import resolve_rank
 from lowcomm.repro.spec import TableSpec
 from lowcomm.repro.stats import against_best, paired_difference, sample_std
-from lowcomm.repro.store import RunResult
+from lowcomm.repro.store import RunResult, commits_line
 
 KEY_STDS = ("final_val_loss", "final_val_ppl")
 
@@ -678,13 +678,13 @@ def downstream_sources(table: pd.DataFrame) -> str:
 
 def markdown(tables: dict[str, pd.DataFrame], spec: TableSpec) -> str:
     """table.md: the kind's shown columns of the main table and the spec's `show` columns (and the downstream data
-    line), then every other table that has rows, whole."""
+    line and the commits of its runs), then every other table that has rows, whole."""
     parts = []
     for name, table in tables.items():
         if name != "table" and table.empty:
             continue
         shown = list(table.columns) if name != "table" else columns(table, (*table_kind(spec).shown, *spec.show))
-        sources = downstream_sources(table) if name == "table" else ""
+        notes = [downstream_sources(table), commits_line(table)] if name == "table" else []
         parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g")
-                     + (f"\n\n{sources}" if sources else ""))
+                     + "".join(f"\n\n{note}" for note in notes if note))
     return "\n\n".join(parts) + "\n"
