@@ -71,6 +71,23 @@ def test_grid_expands_runs_sweep_values_and_seeds_with_caps(spec_path):
     assert (cfg.model.size, cfg.train.steps, cfg.optim.rank, cfg.optim.lr) == ("smoke", 8, 4, 1e-2)
 
 
+def test_method_overrides_set_a_methods_defaults_in_a_preset_and_its_runs_own_overrides_win(spec_path):
+    spec_path.write_text(SPEC.replace("    run_overrides:", "    method_overrides: {lordo: [optim.qh_scale=3.0, "
+                                      "optim.rank=4]}\n    run_overrides:"))
+    spec = load_spec(spec_path)
+    configs = {run.name: resolved_config(spec, run, Path("/tmp/runs")) for run in experiment_grid(spec, "cpu")}
+    lordo, local = configs["lordo_r8-s0"], configs["lordo_local_r8-s0"]
+    assert (lordo.optim.qh_scale, lordo.optim.rank) == (3.0, 8)  # the sweep value is the run's own: it wins
+    assert "qh_scale" not in local.optim and local.optim.rank == 8
+    smoke = resolved_config(spec, experiment_grid(spec, "smoke")[0], Path("/tmp/runs"))
+    assert "qh_scale" not in smoke.optim  # another preset keeps the method's preset
+    spec_path.write_text(SPEC.replace("    run_overrides:", "    method_overrides: {ddp: [optim.lr=1e-3]}\n"
+                                      "    run_overrides:"))
+    with pytest.raises(ConfigError, match=r"presets.cpu.method_overrides names methods \['ddp'\] that none of the "
+                                          r"preset's runs has; its methods: \['lordo', 'lordo_local'\]"):
+        load_spec(spec_path)
+
+
 @pytest.mark.parametrize("edit, match", [
     ("name: demo\nbasis: x\n", "unknown key"),
     (SPEC.replace("labels: [lordo]", "labels: [lordo_global]"), r"labels \['lordo_global'\]"),

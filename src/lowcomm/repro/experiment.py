@@ -119,8 +119,8 @@ def experiment_grid(spec: ExperimentSpec, preset: str, seeds: list[int] | None =
             label = run.label if value is None else spec.sweep.label(run.label, value)
             data_seed = run.data_seed
             for seed in seeds[: len(seeds) if run.seeds is None else run.seeds]:
-                overrides = (*shared_overrides(preset), *p.overrides, *tuned, *run.overrides, *swept,
-                             *p.run_overrides.get(run.label, ()), *extra,
+                overrides = (*shared_overrides(preset), *p.overrides, *tuned, *p.method_overrides.get(run.method, ()),
+                             *run.overrides, *swept, *p.run_overrides.get(run.label, ()), *extra,
                              f"train.seed={seed}", f"data.seed={seed if data_seed is None else data_seed}")
                 runs.append(GridRun(label, run.label, value, seed, overrides))
     names = [run.name for run in runs]

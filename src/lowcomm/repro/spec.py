@@ -8,6 +8,8 @@ sweep, table, report entry). A config error names the file and the key, and the 
                          sweep: [...],                        # optional: this preset's sweep values
                          sweep_overrides: {<value>: [...]},   # optional: extra overrides at one sweep value
                          run_overrides: {<label>: [...]},     # optional: extra overrides of one run
+                         method_overrides: {<method>: [...]}, # optional: the defaults of every run of a method
+                                                              # here (its runs' own overrides win)
                          run_sweep: {<label>: [...]},         # optional: one run's sweep values in this preset
                          tuned: [lr, adamw_lr],               # optional: lrs from experiments/tuned_lr.yaml
                          table: {kind: ..., ...},             # optional: this preset's table instead
@@ -187,13 +189,14 @@ class PresetSpec:
     sweep: tuple | None = None
     sweep_overrides: Mapping[str, Overrides] = field(default_factory=lambda: frozen_map({}))
     run_overrides: Mapping[str, Overrides] = field(default_factory=lambda: frozen_map({}))
+    method_overrides: Mapping[str, Overrides] = field(default_factory=lambda: frozen_map({}))
     run_sweep: Mapping[str, tuple] = field(default_factory=lambda: frozen_map({}))
     tuned: tuple[str, ...] = ()
     table: TableSpec | None = None
     figure: str | None = None
 
-    KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides", "run_sweep", "tuned",
-            "table", "figure"}
+    KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides", "method_overrides",
+            "run_sweep", "tuned", "table", "figure"}
 
     @classmethod
     def parse(cls, name: str, tree: Any, where: Where) -> "PresetSpec":
@@ -208,6 +211,7 @@ class PresetSpec:
                    None if sweep is None else values(sweep, where / "sweep"),
                    overrides_by(tree.get("sweep_overrides", {}), where / "sweep_overrides"),
                    overrides_by(tree.get("run_overrides", {}), where / "run_overrides"),
+                   overrides_by(tree.get("method_overrides", {}), where / "method_overrides"),
                    frozen_map({k: values(v, where / "run_sweep" / k) for k, v in run_sweep.items()}),
                    tuple(values(tree.get("tuned", []), where / "tuned")),
                    None if tree.get("table") is None else TableSpec.parse(tree["table"], where / "table"),
@@ -336,6 +340,11 @@ def parse_spec(path: Path, tree: Any) -> ExperimentSpec:
         missing = sorted(preset.named_labels() - set(labels))
         if missing:
             raise (top / "presets" / preset.name).error(f"names labels {missing} that no run has; runs: {labels}")
+        methods = {run.method for run in runs if preset.labels is None or run.label in preset.labels}
+        unused = sorted(set(preset.method_overrides) - methods)
+        if unused:
+            raise (top / "presets" / preset.name / "method_overrides").error(
+                f"names methods {unused} that none of the preset's runs has; its methods: {sorted(map(str, methods))}")
     name = str(tree["name"])
     return ExperimentSpec(
         name, path, Path(tree["base"]), runs, frozen_map(presets), TableSpec.parse(tree["table"], top / "table"),
