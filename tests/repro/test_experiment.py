@@ -71,16 +71,28 @@ def test_grid_expands_runs_sweep_values_and_seeds_with_caps(spec_path):
     assert (cfg.model.size, cfg.train.steps, cfg.optim.rank, cfg.optim.lr) == ("smoke", 8, 4, 1e-2)
 
 
+def test_run_seeds_give_one_run_more_seeds_in_a_preset_and_given_seeds_replace_them(spec_path):
+    spec_path.write_text(SPEC.replace("    run_overrides:", "    run_seeds: {lordo: [0, 1, 2, 3, 4]}\n    run_overrides:"))
+    spec = load_spec(spec_path)
+    names = [run.name for run in experiment_grid(spec, "cpu")]
+    assert names == [f"lordo_r{r}-s{s}" for r in (8, 16) for s in range(5)] + ["lordo_local_r8-s0", "lordo_local_r16-s0"]
+    assert [run.name for run in experiment_grid(spec, "cpu", seeds=[7])] == [
+        "lordo_r8-s7", "lordo_r16-s7", "lordo_local_r8-s7", "lordo_local_r16-s7"]
+    spec_path.write_text(SPEC.replace("    run_overrides:", "    run_seeds: {ddp: [0]}\n    run_overrides:"))
+    with pytest.raises(ConfigError, match=r"presets.cpu names labels \['ddp'\] that no run has"):
+        load_spec(spec_path)
+
+
 def test_method_overrides_set_a_methods_defaults_in_a_preset_and_its_runs_own_overrides_win(spec_path):
-    spec_path.write_text(SPEC.replace("    run_overrides:", "    method_overrides: {lordo: [optim.qh_scale=3.0, "
+    spec_path.write_text(SPEC.replace("    run_overrides:", "    method_overrides: {lordo: [optim.omega=0.9, "
                                       "optim.rank=4]}\n    run_overrides:"))
     spec = load_spec(spec_path)
     configs = {run.name: resolved_config(spec, run, Path("/tmp/runs")) for run in experiment_grid(spec, "cpu")}
     lordo, local = configs["lordo_r8-s0"], configs["lordo_local_r8-s0"]
-    assert (lordo.optim.qh_scale, lordo.optim.rank) == (3.0, 8)  # the sweep value is the run's own: it wins
-    assert "qh_scale" not in local.optim and local.optim.rank == 8
+    assert (lordo.optim.omega, lordo.optim.rank) == (0.9, 8)  # the sweep value is the run's own: it wins
+    assert "omega" not in local.optim and local.optim.rank == 8
     smoke = resolved_config(spec, experiment_grid(spec, "smoke")[0], Path("/tmp/runs"))
-    assert "qh_scale" not in smoke.optim  # another preset keeps the method's preset
+    assert "omega" not in smoke.optim  # another preset keeps the method's preset
     spec_path.write_text(SPEC.replace("    run_overrides:", "    method_overrides: {ddp: [optim.lr=1e-3]}\n"
                                       "    run_overrides:"))
     with pytest.raises(ConfigError, match=r"presets.cpu.method_overrides names methods \['ddp'\] that none of the "

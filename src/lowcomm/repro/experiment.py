@@ -102,9 +102,10 @@ def sweep_values(spec: ExperimentSpec, preset: PresetSpec, run: RunSpec) -> list
 
 def experiment_grid(spec: ExperimentSpec, preset: str, seeds: list[int] | None = None,
                     extra: list[str] = ()) -> list[GridRun]:
-    """Every run of `preset`, in config order (runs, then sweep values, then seeds); `seeds` replaces the preset's."""
+    """Every run of `preset`, in config order (runs, then sweep values, then seeds); `seeds` replaces the preset's
+    (and its runs' own, `run_seeds`)."""
     p = spec.preset(preset)
-    seeds = list(p.seeds if seeds is None else seeds)
+    given, seeds = seeds is not None, list(p.seeds if seeds is None else seeds)
     if not seeds:
         raise ConfigError(f"{spec.name}: preset {preset} has no seeds: list them in presets.{preset}.seeds "
                           "or give --seeds 0,1")
@@ -118,7 +119,8 @@ def experiment_grid(spec: ExperimentSpec, preset: str, seeds: list[int] | None =
                                               *run.sweep_overrides.get(str(value), ()))
             label = run.label if value is None else spec.sweep.label(run.label, value)
             data_seed = run.data_seed
-            for seed in seeds[: len(seeds) if run.seeds is None else run.seeds]:
+            own = seeds if given else list(p.run_seeds.get(run.label, seeds))
+            for seed in own[: len(own) if run.seeds is None else run.seeds]:
                 overrides = (*shared_overrides(preset), *p.overrides, *tuned, *p.method_overrides.get(run.method, ()),
                              *run.overrides, *swept, *p.run_overrides.get(run.label, ()), *extra,
                              f"train.seed={seed}", f"data.seed={seed if data_seed is None else data_seed}")

@@ -363,7 +363,9 @@ def draw_choice(fig, stored: StoredPreset, params: TableSpec) -> None:
     settings, group = list(params["settings"]), list(params.get("group", []))
     table = stored.table()
     lines = group or settings[1:]
-    keyed = table[["label", *settings]].assign(line=table[lines].astype(str).agg(" ".join, axis=1) if lines else "")
+    named = [[f"{key.rsplit('.', 1)[-1]} {value:g}" if isinstance(value, float) else f"{key.rsplit('.', 1)[-1]} {value}"
+              for value in table[key]] for key in lines]
+    keyed = table[["label", *settings]].assign(line=[", ".join(parts) for parts in zip(*named)] if lines else "")
     runs = records(stored).merge(keyed, on="label")
     ax = fig.subplots()
     style = settings[1] if group and len(settings) > 1 else None
@@ -374,7 +376,7 @@ def draw_choice(fig, stored: StoredPreset, params: TableSpec) -> None:
     spans = pd.api.types.is_numeric_dtype(x) and x.min() > 0 and x.max() > 3 * x.min()
     ax.set(xscale="log" if spans else "linear", xlabel=settings[0],
            ylabel="final validation loss (nats)", title="mean over the tuning seeds")
-    ax.legend(fontsize=7, title=" ".join(lines))
+    ax.legend(fontsize=7)
 
 
 @dataclass(frozen=True)

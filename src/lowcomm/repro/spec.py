@@ -11,6 +11,7 @@ sweep, table, report entry). A config error names the file and the key, and the 
                          method_overrides: {<method>: [...]}, # optional: the defaults of every run of a method
                                                               # here (its runs' own overrides win)
                          run_sweep: {<label>: [...]},         # optional: one run's sweep values in this preset
+                         run_seeds: {<label>: [...]},         # optional: one run's seeds in this preset
                          tuned: [lr, adamw_lr],               # optional: lrs from experiments/tuned_lr.yaml
                          table: {kind: ..., ...},             # optional: this preset's table instead
                          figure: <figures kind>}}             # optional: this preset's figure instead
@@ -191,20 +192,22 @@ class PresetSpec:
     run_overrides: Mapping[str, Overrides] = field(default_factory=lambda: frozen_map({}))
     method_overrides: Mapping[str, Overrides] = field(default_factory=lambda: frozen_map({}))
     run_sweep: Mapping[str, tuple] = field(default_factory=lambda: frozen_map({}))
+    run_seeds: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: frozen_map({}))
     tuned: tuple[str, ...] = ()
     table: TableSpec | None = None
     figure: str | None = None
 
     KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides", "method_overrides",
-            "run_sweep", "tuned", "table", "figure"}
+            "run_sweep", "run_seeds", "tuned", "table", "figure"}
 
     @classmethod
     def parse(cls, name: str, tree: Any, where: Where) -> "PresetSpec":
         tree = checked_keys(tree or {}, where, cls.KEYS)
         sweep, labels = tree.get("sweep"), tree.get("labels")
-        run_sweep = tree.get("run_sweep", {})
-        if not isinstance(run_sweep, Mapping):
-            raise (where / "run_sweep").error(f"must be a mapping of label -> values, got {run_sweep!r}")
+        run_sweep, run_seeds = tree.get("run_sweep", {}), tree.get("run_seeds", {})
+        for key, mapping in (("run_sweep", run_sweep), ("run_seeds", run_seeds)):
+            if not isinstance(mapping, Mapping):
+                raise (where / key).error(f"must be a mapping of label -> values, got {mapping!r}")
         return cls(name, tuple(int(s) for s in values(tree.get("seeds", []), where / "seeds")),
                    overrides(tree.get("overrides", []), where / "overrides"),
                    None if labels is None else tuple(values(labels, where / "labels")),
@@ -213,13 +216,15 @@ class PresetSpec:
                    overrides_by(tree.get("run_overrides", {}), where / "run_overrides"),
                    overrides_by(tree.get("method_overrides", {}), where / "method_overrides"),
                    frozen_map({k: values(v, where / "run_sweep" / k) for k, v in run_sweep.items()}),
+                   frozen_map({k: tuple(int(s) for s in values(v, where / "run_seeds" / k))
+                               for k, v in run_seeds.items()}),
                    tuple(values(tree.get("tuned", []), where / "tuned")),
                    None if tree.get("table") is None else TableSpec.parse(tree["table"], where / "table"),
                    None if tree.get("figure") is None else str(tree["figure"]))
 
     def named_labels(self) -> set[str]:
-        """Every run label the preset names (labels, run_overrides, run_sweep)."""
-        return set(self.labels or ()) | set(self.run_overrides) | set(self.run_sweep)
+        """Every run label the preset names (labels, run_overrides, run_sweep, run_seeds)."""
+        return set(self.labels or ()) | set(self.run_overrides) | set(self.run_sweep) | set(self.run_seeds)
 
 
 @dataclass(frozen=True)
