@@ -72,27 +72,54 @@ def test_grid_expands_runs_sweep_values_and_seeds_with_caps(spec_path):
 
 
 def test_run_seeds_give_one_run_more_seeds_in_a_preset_and_given_seeds_replace_them(spec_path):
-    spec_path.write_text(SPEC.replace("    run_overrides:", "    run_seeds: {lordo: [0, 1, 2, 3, 4]}\n    run_overrides:"))
+    spec_path.write_text(SPEC.replace("    run_overrides:", "    run_seeds: {lordo: [0, 1, 2, 3, 4]}\n"
+                                      "    run_overrides:"))
     spec = load_spec(spec_path)
     names = [run.name for run in experiment_grid(spec, "cpu")]
-    assert names == [f"lordo_r{r}-s{s}" for r in (8, 16) for s in range(5)] + ["lordo_local_r8-s0", "lordo_local_r16-s0"]
+    assert names == [*(f"lordo_r{r}-s{s}" for r in (8, 16) for s in range(5)), "lordo_local_r8-s0",
+                     "lordo_local_r16-s0"]
     assert [run.name for run in experiment_grid(spec, "cpu", seeds=[7])] == [
         "lordo_r8-s7", "lordo_r16-s7", "lordo_local_r8-s7", "lordo_local_r16-s7"]
+    spec_path.write_text(SPEC.replace("    run_overrides:", "    run_seeds: {lordo_local: [5, 6]}\n"
+                                      "    run_overrides:"))
+    capped = [run.name for run in experiment_grid(load_spec(spec_path), "cpu")]  # lordo_local: seeds: 1, its first
+    assert capped[-2:] == ["lordo_local_r8-s5", "lordo_local_r16-s5"]
     spec_path.write_text(SPEC.replace("    run_overrides:", "    run_seeds: {ddp: [0]}\n    run_overrides:"))
     with pytest.raises(ConfigError, match=r"presets.cpu names labels \['ddp'\] that no run has"):
         load_spec(spec_path)
 
 
+def test_provenance_finds_a_runs_own_seeds_under_a_seeds_cap(spec_path, tmp_path):
+    """lordo_local is capped at one seed; run_seeds gives it seed 5: its stored runs trace to the grid."""
+    spec_path.write_text(SPEC.replace("    run_overrides:", "    run_seeds: {lordo_local: [5, 6]}\n    run_overrides:"))
+    spec = load_spec(spec_path)
+    head = experiment.git_commit()
+    stored = ResultsStore(tmp_path / "results").preset("demo", "cpu")
+    grid = experiment_grid(spec, "cpu")
+    for run in grid:
+        store_source(spec, run, stored.run_dir(run.name), {"status": "complete", "git_commit": head})
+    rows = [{"label": label, "seeds": len(names), "runs": " ".join(names), "commits": head}
+            for label in dict.fromkeys(run.label for run in grid)
+            for names in [[run.name for run in grid if run.label == label]]]
+    stored.dir.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(stored.dir / "table.csv", index=False)
+    assert "lordo_local_r8-s5" in rows[-2]["runs"] and provenance_problems(spec_path, "cpu", stored.store) == []
+
+
 def test_method_overrides_set_a_methods_defaults_in_a_preset_and_its_runs_own_overrides_win(spec_path):
-    spec_path.write_text(SPEC.replace("    run_overrides:", "    method_overrides: {lordo: [optim.omega=0.9, "
-                                      "optim.rank=4]}\n    run_overrides:"))
+    """lordo_local's preset sets qh_scale (6): the preset's method_overrides replace it; a run's own omega (and its
+    sweep value of the rank) win over the method_overrides."""
+    pinned = SPEC.replace("    run_overrides:", "    method_overrides: {lordo_local: [optim.qh_scale=1.0, "
+                          "optim.omega=0.9, optim.rank=4]}\n    run_overrides:")
+    spec_path.write_text(pinned.replace("overrides: [method=lordo_local]",
+                                        "overrides: [method=lordo_local, optim.omega=0.5]"))
     spec = load_spec(spec_path)
     configs = {run.name: resolved_config(spec, run, Path("/tmp/runs")) for run in experiment_grid(spec, "cpu")}
-    lordo, local = configs["lordo_r8-s0"], configs["lordo_local_r8-s0"]
-    assert (lordo.optim.omega, lordo.optim.rank) == (0.9, 8)  # the sweep value is the run's own: it wins
-    assert "omega" not in local.optim and local.optim.rank == 8
+    local, lordo = configs["lordo_local_r8-s0"], configs["lordo_r8-s0"]
+    assert (local.optim.qh_scale, local.optim.omega, local.optim.rank) == (1.0, 0.5, 8)
+    assert lordo.optim.qh_scale == 6.0 and "omega" not in lordo.optim  # another method keeps its preset
     smoke = resolved_config(spec, experiment_grid(spec, "smoke")[0], Path("/tmp/runs"))
-    assert "omega" not in smoke.optim  # another preset keeps the method's preset
+    assert smoke.optim.qh_scale == 6.0  # another preset keeps the method's preset
     spec_path.write_text(SPEC.replace("    run_overrides:", "    method_overrides: {ddp: [optim.lr=1e-3]}\n"
                                       "    run_overrides:"))
     with pytest.raises(ConfigError, match=r"presets.cpu.method_overrides names methods \['ddp'\] that none of the "

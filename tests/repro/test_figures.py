@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from lowcomm.repro import figures
+from lowcomm.repro.spec import experiments
 from lowcomm.repro.store import ResultsStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,6 +16,13 @@ def test_committed_figures_are_regenerated_from_committed_results(tmp_path):
     assert all(p.stat().st_size > 10_000 and p.with_suffix(".pdf").exists() for p in written)
     committed = {p.stem for p in (ROOT / "paper_figures").glob("*.png")}
     assert committed == stored, "paper_figures/ must hold exactly the figures of the stored results: run `make figures`"
+
+
+def test_every_preset_names_a_figure_kind_that_exists():
+    for spec in experiments():
+        for preset in spec.presets:
+            kind = spec.figure_of(preset)
+            assert kind is None or kind in figures.FIGURE_KINDS, f"{spec.name} {preset}: figure {kind!r}"
 
 
 def test_the_forms_figure_places_each_run_at_the_beta_of_its_published_form():

@@ -61,9 +61,22 @@ def test_paired_rules_follow_the_paired_verdict(tmp_path, rule, got, verdict):
 
 
 def test_the_setting_names_the_commits_of_the_tables_runs(tmp_path):
-    rows = [{"label": "a", "commits": "1a2b3c4d5e 9f8e7d6c5b"}, {"label": "b", "commits": "1a2b3c4d5e"}]
-    s = stored(tmp_path, rows, [comparison("a", "b", LOWER)])
-    assert judged(s, rule="lower", pairs=[["a", "b"]]).setting == "synthetic, runs at commits 1a2b3c4 9f8e7d6"
+    rows = [{"label": "a", "commits": "1a2b3c4d5e 9f8e7d6c5b-dirty"}, {"label": "b", "commits": "1a2b3c4d5e"}]
+    s = stored(tmp_path, rows, [comparison("a", "b", LOWER)],
+               analytic=[{"size": "s1", "method": "a", "over_a": 24.0}])
+    assert judged(s, rule="lower", pairs=[["a", "b"]]).setting == "synthetic, runs at commits 1a2b3c4 9f8e7d6-dirty"
+    analytic = judged(s, rule="ratio_about", row="a", column="over_a", factor=25, band=0.3, sizes=["s1"])
+    assert analytic.verdict == REPRODUCED and analytic.setting == "synthetic"  # no run made the analytic table
+
+
+def test_the_default_setting_names_the_presets_steps_lrs_and_method_overrides(tmp_path):
+    rows = [{"label": "a", "steps": 1024}, {"label": "b", "steps": 1024}]
+    stored(tmp_path, rows, [comparison("a", "b", LOWER)], preset="claim")
+    pinned = {"m": ("optim.x=1",), "n": ("optim.x=1",), "o": ("optim.y=2", "optim.z=3")}
+    s = Stored(ResultsStore(tmp_path).preset("x", "claim"), ("lr",), pinned)
+    claim = j.judge(j.parse_claims([{"paper": "p", "source": {"paper": "P"}, "rule": "lower", "pairs": [["a", "b"]]}],
+                                   "x.yaml")[0], s)
+    assert claim.setting == ("claim preset, 1,024 steps, tuned lrs, m and n at optim.x=1, o at optim.y=2 optim.z=3")
     s = stored(tmp_path, [{"label": "a", "commits": "1a2b3c4d5e"}, {"label": "b", "commits": "1a2b3c4d5e"}],
                [comparison("a", "b", LOWER)])
     assert judged(s, rule="lower", pairs=[["a", "b"]]).setting == "synthetic, runs at commit 1a2b3c4"

@@ -76,13 +76,17 @@ def write_table3(root: Path, verdicts: dict[tuple[str, str], str], preset: str =
         [comparison(a, b, v, n=seeds) for (a, b), v in verdicts.items()])
 
 
+# table3_main's claim preset names the balance its LoRDO runs were made at (its method_overrides)
+CLAIM_SETTING = "claim preset, 1,024 steps, tuned lrs, lordo and lordo_local at optim.qh_scale=1.0"
+
+
 def test_table3_verdicts_follow_the_stored_numbers(tmp_path):
     write_table3(tmp_path, {("lordo", "lordo_local"): "lower", ("lordo", "lowrank_ddp"): "higher",
                             ("lordo_global_noqh", "lordo"): "inconclusive"})
     claims = judged(tmp_path, "table3_main")
     assert [c.verdict for c in claims] == [REPRODUCED, NOT_REPRODUCED, REPRODUCED, NOT_REPRODUCED, NOT_TESTABLE,
                                            REPRODUCED, INCONCLUSIVE]
-    assert {c.setting for c in claims} == {"claim preset, 1,024 steps, tuned lrs"}
+    assert {c.setting for c in claims} == {CLAIM_SETTING}
     assert "1024 tokens per worker-step and 1.2M parameters here" in claims[4].ours
     assert "lordo - lordo_local = 0.1 [0.05, 0.15] nats (n = 5 paired seeds)" in claims[5].ours
     assert claims[0].ours.startswith("25.5x") and claims[1].ours.startswith("6.8x")
@@ -99,8 +103,8 @@ def test_table3_claims_are_pending_until_the_claim_preset_holds_their_rows(tmp_p
     assert partial[5].ours == "not stored yet: `make table3_main PRESET=claim OUT=results`"
     write_table3(tmp_path, {("lordo", "lordo_local"): "higher"})
     full = judged(tmp_path, "table3_main")
-    assert full[5].verdict == NOT_REPRODUCED and full[5].setting == "claim preset, 1,024 steps, tuned lrs"
-    assert "| claim preset, 1,024 steps, tuned lrs |" in report.claims_markdown([("table3_main", full[5])], True)
+    assert full[5].verdict == NOT_REPRODUCED and full[5].setting == CLAIM_SETTING
+    assert f"| {CLAIM_SETTING} |" in report.claims_markdown([("table3_main", full[5])], True)
     for preset in ("claim", "cpu"):
         (tmp_path / "table3_main" / preset / "table.md").write_text("### table\n")
     line = report.experiment_line(ResultsStore(tmp_path, tmp_path / "figures"), "table3_main")
@@ -146,7 +150,8 @@ def test_spectral_verdicts_answer_the_questions_and_the_probe_claim_is_paired(tm
     assert claim.ours == ("muloco - diloco = 0.2 [0.15, 0.25] (n = 1 paired seed); mean cosine over the syncs: "
                           "muloco 0.6, diloco 0.4")
     settings = [c.setting for c in judged(tmp_path, "spectral_local_steps")]
-    assert settings == ["cpu preset, 384 steps, tuned lrs"] * 3 + ["probe_paired preset, 384 steps, tuned lrs"]
+    assert settings == ["cpu preset, 384 steps, tuned lrs, lordo at optim.qh_scale=1.0"] * 3 + [
+        "probe_paired preset, 384 steps, tuned lrs"]
 
 
 def write_convergence(root: Path, orth_reached: int, verdicts: dict[tuple[str, str, str], str]) -> None:

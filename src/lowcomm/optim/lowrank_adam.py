@@ -389,7 +389,8 @@ class LowRankAdam(torch.optim.Optimizer):
 class LowRankAdamOptions(AdamWOptions):
     """Config keys of the low-rank Adam family; these defaults are LoRDO's local step. The rank is `rank` when
     given, else r = round(rank_share_of_smallest_dim * d) with d the smallest min(p, q) of the hidden matrices
-    (d_model in a transformer: the paper's r = d/8). qh_scale is the mu of the full-rank term (D3):
+    (d_model in a transformer: the paper's r = d/8). qh_scale is the mu of the full-rank term (D3; the lordo and
+    lordo_local method presets set mu = 6, tuned in experiments/lordo_balance/):
         full = G / (mu (sqrt(lift(vh)) + eps))"""
 
     rank: int | None = None

@@ -8,8 +8,9 @@ The experiment config is parsed once into a lowcomm.repro.spec.ExperimentSpec (i
 where lowcomm.repro.store.ResultsStore says.
 
 Every preset starts from the overrides of experiments/presets.yaml for its name. Overrides apply in the order
-presets.yaml, preset, tuned lrs, run, sweep value (with the preset's, then the run's sweep_overrides),
-run_overrides, command line, seed (`train.seed` and `data.seed`; a run's `data_seed` replaces the latter). With `tuned`, each run takes its method's tuned peak lr (`lr`) and, where its
+presets.yaml, preset, tuned lrs, method_overrides, run, sweep value (with the preset's, then the run's
+sweep_overrides), run_overrides, command line, seed (`train.seed` and `data.seed`; a run's `data_seed` replaces
+the latter). With `tuned`, each run takes its method's tuned peak lr (`lr`) and, where its
 optimizer has one, the non-matrix lr (`adamw_lr`) from the file `make tune` writes
 (lowcomm.repro.tuning.tuned_overrides); the values go into the run's overrides and its stored config.
 
@@ -409,7 +410,8 @@ def provenance_problems(config_path: str | Path, preset: str, store: ResultsStor
     table = stored.table()
     names = [name for runs in table["runs"] for name in runs.split()]
     seeds = sorted({seed_of(name) for name in names})
-    grid = {run.name: run for run in experiment_grid(spec, preset, seeds)}
+    # the grid at the table's seeds, and the preset's own: a run's run_seeds under its seeds cap
+    grid = {run.name: run for run in (*experiment_grid(spec, preset, seeds), *experiment_grid(spec, preset))}
     problems = []
     for _, row in table.iterrows():
         runs = row["runs"].split()
@@ -520,7 +522,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("config")
     parser.add_argument("rest", nargs="*", help="[preset] [key=value ...]")
     parser.add_argument("--out", default="runs", help="output directory (default runs/; results/ is the stored one)")
-    parser.add_argument("--seeds", help="comma-separated seeds instead of the preset's")
+    parser.add_argument("--seeds", help="comma-separated seeds instead of the preset's (and of its run_seeds)")
     parser.add_argument("--force", action="store_true", help="rerun runs that could be reused")
     parser.add_argument("--same-commit", action="store_true",
                         help="reuse or copy only runs made at this checkout's commit (a clean one): every run of the "

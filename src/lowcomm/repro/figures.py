@@ -345,7 +345,8 @@ def draw_balance(fig, stored: StoredPreset) -> None:
     runs = records(stored).merge(table[["label", "qh_scale", "qh_denominator"]], on="label")
     runs["setting"] = [f"mu {m:g}, {d}" for m, d in zip(runs["qh_scale"], runs["qh_denominator"])]
     runs["omega"] = runs["sweep_value"].astype(float)
-    angles = table[["omega", "angle_median_over_syncs", "balance"]].assign(setting=[f"mu {m:g}, {d}" for m, d in zip(table["qh_scale"], table["qh_denominator"])])
+    angles = table[["omega", "angle_median_over_syncs", "balance"]].assign(
+        setting=[f"mu {m:g}, {d}" for m, d in zip(table["qh_scale"], table["qh_denominator"])])
     axes = fig.subplots(1, 3)
     sns.lineplot(runs, x="omega", y="final_val_loss", hue="setting", marker="o", errorbar=BAND, ax=axes[0])
     axes[0].set(xlabel="omega", ylabel="final validation loss (nats)", title="loss over the tuning seeds")
@@ -353,6 +354,11 @@ def draw_balance(fig, stored: StoredPreset) -> None:
                               (axes[2], "balance", "full / low (median over steps)")):
         sns.lineplot(angles, x="omega", y=column, hue="setting", marker="o", ax=ax, legend=False)
         ax.set(xlabel="omega", ylabel=title, yscale="log")
+
+
+def setting_text(key: str, value) -> str:
+    """'qh_scale 6' for the dotted key optim.qh_scale at 6.0: the key's last part and the value (a number shortest)."""
+    return f"{key.rsplit('.', 1)[-1]} {value:g}" if isinstance(value, float) else f"{key.rsplit('.', 1)[-1]} {value}"
 
 
 def draw_choice(fig, stored: StoredPreset, params: TableSpec) -> None:
@@ -363,8 +369,7 @@ def draw_choice(fig, stored: StoredPreset, params: TableSpec) -> None:
     settings, group = list(params["settings"]), list(params.get("group", []))
     table = stored.table()
     lines = group or settings[1:]
-    named = [[f"{key.rsplit('.', 1)[-1]} {value:g}" if isinstance(value, float) else f"{key.rsplit('.', 1)[-1]} {value}"
-              for value in table[key]] for key in lines]
+    named = [[setting_text(key, value) for value in table[key]] for key in lines]
     keyed = table[["label", *settings]].assign(line=[", ".join(parts) for parts in zip(*named)] if lines else "")
     runs = records(stored).merge(keyed, on="label")
     ax = fig.subplots()
@@ -381,8 +386,9 @@ def draw_choice(fig, stored: StoredPreset, params: TableSpec) -> None:
 
 @dataclass(frozen=True)
 class FigureKind:
-    """A figure kind (an experiment's `report.figure`, or a preset's `figure`): the function that draws a stored preset, the figure's size
-    in inches, and whether the function reads the preset's table spec (its third argument)."""
+    """A figure kind (an experiment's `report.figure`, or a preset's `figure`): the function that draws a stored
+    preset, the figure's size in inches, and whether the function reads the preset's table spec (its third
+    argument)."""
 
     draw: Callable
     size: tuple[float, float]
@@ -410,8 +416,8 @@ FIGURE_KINDS: dict[str, FigureKind] = {
 
 
 def draw(stored: StoredPreset, spec: ExperimentSpec) -> Path:
-    """The experiment's figure of one stored preset as <figure>.png and .pdf (stable bytes: no creation date);
-    returns the .png."""
+    """The figure of one stored preset (the kind its preset names, else the experiment's) as <figure>.png and .pdf
+    (stable bytes: no creation date); returns the .png."""
     kind = FIGURE_KINDS[spec.figure_of(stored.preset)]
     fig = plt.figure(figsize=kind.size)
     if kind.uses_table:

@@ -36,7 +36,7 @@ import pandas as pd
 from lowcomm.config import ConfigError
 from lowcomm.repro.accounting import ACCOUNTING_FIX
 from lowcomm.repro.stats import EQUIVALENT, HIGHER, INCONCLUSIVE, LOWER, MIN_SEEDS, TOO_FEW
-from lowcomm.repro.store import StoredPreset, commits_line
+from lowcomm.repro.store import StoredPreset, commits_named
 
 PRESET = "cpu"
 LOSS = "final_val_loss"
@@ -90,9 +90,12 @@ class Stored:
     table (results/<experiment>/analytic.csv), read instead where a claim names model `sizes`. What a rule reads and
     is not stored (a row, a column, a comparison) raises NotStored."""
 
-    def __init__(self, stored: StoredPreset, tuned: tuple[str, ...] = ()):
-        """`stored`: the preset's place in the results store; `tuned`: what the preset takes from the tuned file."""
-        self.name, self.preset, self.tuned, self.sizes = stored.experiment, stored.preset, tuned, ()
+    def __init__(self, stored: StoredPreset, tuned: tuple[str, ...] = (),
+                 pinned: Mapping[str, tuple[str, ...]] = MappingProxyType({})):
+        """`stored`: the preset's place in the results store; `tuned`: what the preset takes from the tuned file;
+        `pinned`: its method_overrides (a method's settings in this preset other than its method preset's)."""
+        self.name, self.preset, self.tuned, self.pinned = stored.experiment, stored.preset, tuned, pinned
+        self.sizes: tuple[str, ...] = ()
         self.table = with_whole_state(stored.table()) if stored.has() else None
         self.comparisons = stored.table("comparisons") if stored.has("comparisons") else None
         analytic = stored.experiment_file("analytic.csv").exists()
@@ -156,20 +159,25 @@ class Stored:
 
     @property
     def setting(self) -> str:
-        """'claim preset, 1,024 steps, tuned lrs': the preset, its runs' steps and where its lrs come from (the tuned
-        file where the preset lists `tuned: [lr]`, else its config)."""
+        """'claim preset, 1,024 steps, tuned lrs, lordo at optim.qh_scale=1.0': the preset, its runs' steps, where its
+        lrs come from (the tuned file where the preset lists `tuned: [lr]`, else its config), its method_overrides."""
         lrs = "tuned lrs" if "lr" in self.tuned else "lrs named in its config"
         stored = self.table is not None and "steps" in self.table
         steps = sorted({int(v) for v in self.table["steps"].dropna()}) if stored else []
         span = (f"{steps[0]:,} steps" if len(steps) == 1 else
                 f"{steps[0]:,}-{steps[-1]:,} steps" if steps else "not stored")
-        return f"{self.preset} preset, {span}, {lrs}"
+        methods_by_pin: dict[tuple[str, ...], list[str]] = {}
+        for method, overrides in self.pinned.items():
+            methods_by_pin.setdefault(tuple(overrides), []).append(method)
+        pins = "".join(f", {' and '.join(methods)} at {' '.join(pin)}" for pin, methods in methods_by_pin.items())
+        return f"{self.preset} preset, {span}, {lrs}{pins}"
 
     @property
     def commits(self) -> str:
-        """'runs at commit 1a2b3c4' (or 'commits ...'; tables.commits_line): '' where the table names none."""
-        line = commits_line(self.table) if self.table is not None else ""
-        return line[0].lower() + line[1:-1] if line else ""
+        """'runs at commit 1a2b3c4' (or 'commits ...'; store.commits_named): '' where the table names none or the
+        claim reads the analytic table (`sizes`), which no run made."""
+        named = commits_named(self.table) if self.table is not None and not self.sizes else ""
+        return f"runs at {named}" if named else ""
 
 
 # ------------------------------------------------------------------------------------------ formatting and verdicts
@@ -608,5 +616,5 @@ def judge(claim: ClaimSpec, stored: Stored) -> Claim:
     except NotStored:
         return Claim(claim.paper, PENDING, f"not stored yet: `{claim.command or stored.command}`")
     verdict = judged[0][0] if len(judged) == 1 else combine([v for v, _ in judged])
-    setting = ", ".join(part for part in (claim.setting or stored.setting, stored.commits) if part)
+    setting = ", ".join(part for part in (claim.setting or stored.setting, s.commits) if part)
     return Claim(claim.paper, verdict, "; ".join([*(ours for _, ours in judged), *shown]), setting)

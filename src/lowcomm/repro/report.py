@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lowcomm.repro.bench_report import bench_section
 from lowcomm.repro.judge import PRESET, Claim, Stored, judge, num, stated_bands
-from lowcomm.repro.spec import ExperimentSpec, reported
+from lowcomm.repro.spec import ExperimentSpec, PresetSpec, reported
 from lowcomm.repro.stats import EQUIVALENCE_MARGIN, MIN_SEEDS
 from lowcomm.repro.store import ResultsStore
 from lowcomm.stored import counting_skipped, readable
@@ -37,8 +37,11 @@ def with_claims(specs: dict[str, ExperimentSpec]) -> list[ExperimentSpec]:
 
 def judged(store: ResultsStore, spec: ExperimentSpec) -> list[Claim]:
     """The experiment's claims, each judged on the stored tables of its preset."""
-    stored = cache(lambda preset: Stored(store.preset(spec.name, preset),
-                                         spec.presets[preset].tuned if preset in spec.presets else ()))
+    def stored_at(preset: str) -> Stored:
+        defined = spec.presets.get(preset, PresetSpec(preset))
+        return Stored(store.preset(spec.name, preset), defined.tuned, defined.method_overrides)
+
+    stored = cache(stored_at)
     return [judge(claim, stored(claim.preset)) for claim in spec.claims]
 
 

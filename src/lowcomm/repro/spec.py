@@ -321,7 +321,7 @@ class ExperimentSpec:
         """The table the preset's results are built into: its own, else the experiment's."""
         return self.preset(preset).table or self.table
 
-    def figure_of(self, preset: str) -> str:
+    def figure_of(self, preset: str) -> str | None:
         """The figure kind of the preset's results: its own, else the experiment's (None without a report entry)."""
         return self.preset(preset).figure or (self.report.figure if self.report else None)
 

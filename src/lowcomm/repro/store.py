@@ -167,8 +167,9 @@ class ResultsStore:
         return path.relative_to(self.root)
 
 
-def commits_line(table: pd.DataFrame) -> str:
-    """'Runs at commit 1a2b3c4.' (or 'commits ...'): the commits the table's runs were made at, short, each once;
-    '' where the table names none."""
-    found = sorted({c[:7] for cell in table.get("commits", pd.Series(dtype=str)).dropna() for c in str(cell).split()})
-    return f"Runs at commit{'s' if len(found) > 1 else ''} {' '.join(found)}." if found else ""
+def commits_named(table: pd.DataFrame) -> str:
+    """'commit 1a2b3c4' or 'commits 1a2b3c4 9f8e7d6': the commits the table's runs were made at (its `commits`
+    column), each once, short ('-dirty' kept: a run made from a checkout with changes); '' where it names none."""
+    cells = table.get("commits", pd.Series(dtype=str)).dropna()
+    found = sorted({c[:7] + ("-dirty" if c.endswith("-dirty") else "") for cell in cells for c in str(cell).split()})
+    return f"commit{'s' if len(found) > 1 else ''} {' '.join(found)}" if found else ""

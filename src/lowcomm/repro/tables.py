@@ -46,7 +46,7 @@ from lowcomm.optim.dion import fixed_rank
 from lowcomm.optim.lowrank_adam import resolve_rank
 from lowcomm.repro.spec import TableSpec
 from lowcomm.repro.stats import against_best, paired_difference, sample_std
-from lowcomm.repro.store import RunResult, commits_line
+from lowcomm.repro.store import RunResult, commits_named
 
 KEY_STDS = ("final_val_loss", "final_val_ppl")
 
@@ -684,7 +684,8 @@ def markdown(tables: dict[str, pd.DataFrame], spec: TableSpec) -> str:
         if name != "table" and table.empty:
             continue
         shown = list(table.columns) if name != "table" else columns(table, (*table_kind(spec).shown, *spec.show))
-        notes = [downstream_sources(table), commits_line(table)] if name == "table" else []
+        commits = commits_named(table) if name == "table" else ""
+        notes = [downstream_sources(table) if name == "table" else "", f"Runs at {commits}." if commits else ""]
         parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g")
                      + "".join(f"\n\n{note}" for note in notes if note))
     return "\n\n".join(parts) + "\n"
