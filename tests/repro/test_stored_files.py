@@ -114,3 +114,10 @@ def test_every_command_line_answers_help(module, capsys):
     except SystemExit as done:
         assert done.code in (0, None)
     assert capsys.readouterr().out.strip()  # the usage, or the module's docstring
+
+
+def test_no_stored_run_file_names_an_absolute_path_of_the_machine_it_ran_on():
+    """Run records and configs under results/ name paths relative to the repository (run.out_dir, lowcomm_location)."""
+    absolute = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "results").rglob("*"))
+                if p.name in ("record.json", "config.yaml") and ('": "/' in (text := p.read_text()) or ": /" in text)]
+    assert absolute == [], f"{len(absolute)} stored files name an absolute path, e.g. {absolute[:3]}"

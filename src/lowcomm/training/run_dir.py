@@ -103,13 +103,15 @@ def package_version() -> str | None:
 
 
 def code_source() -> dict:
-    """What code a run runs: the package's version and folder, and the commit of its checkout (with '-dirty' and the
+    """What code a run runs: the package's version and folder (relative to its checkout, so a stored record names no
+    machine's path; absolute for an installed package), and the commit of its checkout (with '-dirty' and the
     changed files under src/ and experiments/), or git_commit NOT_A_CHECKOUT for an installed package."""
     root = checkout()
     commit = git_commit(root) if root else NOT_A_CHECKOUT
+    package = Path(lowcomm.__file__).resolve().parent
     return {
         "lowcomm_version": package_version(),
-        "lowcomm_location": str(Path(lowcomm.__file__).resolve().parent),
+        "lowcomm_location": str(package.relative_to(root) if root else package),
         "git_commit": commit,
         "git_changes": git_changes(root) if commit.endswith("-dirty") else [],
     }
