@@ -684,8 +684,10 @@ def markdown(tables: dict[str, pd.DataFrame], spec: TableSpec) -> str:
         if name != "table" and table.empty:
             continue
         shown = list(table.columns) if name != "table" else columns(table, (*table_kind(spec).shown, *spec.show))
-        commits = commits_named(table) if name == "table" else ""
-        notes = [downstream_sources(table) if name == "table" else "", f"Runs at {commits}." if commits else ""]
+        notes = []
+        if name == "table":
+            commits = commits_named(table)
+            notes = [downstream_sources(table), f"Runs at {commits}." if commits else ""]
         parts.append(f"### {name}\n\n" + table[shown].to_markdown(index=False, floatfmt=".4g")
                      + "".join(f"\n\n{note}" for note in notes if note))
     return "\n\n".join(parts) + "\n"
