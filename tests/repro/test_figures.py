@@ -2,8 +2,11 @@
 
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+import pandas as pd
+
 from lowcomm.repro import figures
-from lowcomm.repro.spec import experiments
+from lowcomm.repro.spec import TableSpec, experiments
 from lowcomm.repro.store import ResultsStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,3 +37,24 @@ def test_the_forms_figure_places_each_run_at_the_beta_of_its_published_form():
                                                        "orth_dion code form": 18, "orth_dion summary form": 15}
     shared = points[points["beta"] == 1.0].groupby("seed")["final_val_loss"].nunique()
     assert (shared == 2).all()  # per seed, one dion and one orth_dion run at beta = 1, on both lines
+
+
+def test_the_gap_figure_draws_each_rows_gap_and_interval_beside_the_papers(tmp_path):
+    """A `gap` table of two DiLoCo rows against ddp and one MuLoCo row against muon: one line per baseline, its
+    points at the rows' worker counts and gaps, and the paper's gaps as crosses."""
+    table = pd.DataFrame({"label": ["ddp", "diloco_M1", "diloco_M4", "muloco_M1"], "train.devices": [4, 1, 4, 1],
+                          "baseline": [None, "ddp", "ddp", "muon"], "gap_pct": [None, -0.5, 2.5, 0.3],
+                          "gap_pct_low": [None, -1.0, 2.0, -0.1], "gap_pct_high": [None, 0.0, 3.0, 0.7],
+                          "paper_gap_pct": [None, -0.1, 2.0, None]})
+    stored = ResultsStore(tmp_path).preset("diloco_scaling", "claim")
+    stored.dir.mkdir(parents=True)
+    table.to_csv(stored.dir / "table.csv", index=False)
+    fig = plt.figure()
+    figures.draw_gap(fig, stored, TableSpec.parse({"kind": "gap", "settings": ["train.devices"], "gaps": []}))
+    ax, = fig.axes
+    lines = {bars.get_label(): bars.lines[0] for bars in ax.containers}  # each errorbar's line through its means
+    assert list(lines["against ddp"].get_xdata()) == [1, 4] and list(lines["against ddp"].get_ydata()) == [-0.5, 2.5]
+    crosses = [c.get_offsets().tolist() for c in ax.collections if c.get_label() == "the paper, against ddp"]
+    assert crosses == [[[1.0, -0.1], [4.0, 2.0]]]
+    assert list(lines["against muon"].get_ydata()) == [0.3]
+    plt.close(fig)

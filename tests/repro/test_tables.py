@@ -273,3 +273,31 @@ def test_choice_table_adds_the_features_it_names_and_refuses_an_unknown_one():
     assert list(table.index[table["chosen"]]) == ["omega0.7"] and table.loc["omega0.7", "edge"] == "optim.omega low"
     with pytest.raises(ConfigError, match=r"table.features names 'balanc': use one of \['balance'\]"):
         build_tables(TableSpec.parse({"kind": "choice", "settings": ["optim.omega"], "features": ["balanc"]}), results)
+
+
+def test_gap_table_gives_each_rows_paired_gap_to_its_baseline_in_nats_and_percent_beside_the_papers():
+    """DiLoCo at M = 1 and 2 against ddp: per-seed differences (-0.1, -0.1, -0.1) and (0.1, 0.2, 0.3) over ddp's
+    mean 5.0; a row without a gap (ddp itself) has none, and each row shows its worker count."""
+    def config(devices):
+        return {**CONFIG, "train": {"devices": devices, "num_nodes": 1}, "optim": {"name": "adamw"},
+                "sync": {"name": "diloco", "sync_every": 4}}
+    finals = {("ddp", 4): [4.9, 5.0, 5.1], ("diloco_M1", 1): [4.8, 4.9, 5.0], ("diloco_M2", 2): [5.0, 5.2, 5.4]}
+    results = [run(label, seed, [8.0, loss], config=config(devices))
+               for (label, devices), losses in finals.items() for seed, loss in enumerate(losses)]
+    spec = TableSpec.parse({"kind": "gap", "settings": ["train.devices"], "gaps": [["diloco_M1", "ddp"],
+                            ["diloco_M2", "ddp"]], "paper_pct": {"diloco_M1": -0.1, "diloco_M2": 0.7},
+                            "compare": [["diloco_M2", "diloco_M1"]]})
+    tables = build_tables(spec, results)
+    table = tables["table"].set_index("label")
+    m1, m2 = table.loc["diloco_M1"], table.loc["diloco_M2"]
+    assert (m1["baseline"], m1["baseline_loss"], m1["gap_n"]) == ("ddp", pytest.approx(5.0), 3)
+    assert m1["gap"] == pytest.approx(-0.1) and m1["gap_low"] == pytest.approx(-0.1) and m1["gap_verdict"] == "lower"
+    assert m1["gap_pct"] == pytest.approx(-2.0) and m1["paper_gap_pct"] == -0.1
+    half = 4.302653 * 0.1 / math.sqrt(3)  # t(0.975, 2) times the standard error of (0.1, 0.2, 0.3)
+    assert m2["gap"] == pytest.approx(0.2) and m2["gap_high"] == pytest.approx(0.2 + half, rel=1e-5)
+    assert m2["gap_pct_high"] == pytest.approx(100 * (0.2 + half) / 5.0, rel=1e-5)
+    assert list(table["train.devices"]) == [4, 1, 2] and math.isnan(table.loc["ddp", "gap"])
+    comparisons = tables["comparisons"]
+    assert list(comparisons["a"] + " - " + comparisons["b"]) == ["diloco_M1 - ddp", "diloco_M2 - ddp",
+                                                                 "diloco_M2 - diloco_M1"]
+    assert comparisons["diff"].iloc[2] == pytest.approx(0.3)

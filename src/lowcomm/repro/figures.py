@@ -384,6 +384,30 @@ def draw_choice(fig, stored: StoredPreset, params: TableSpec) -> None:
     ax.legend(fontsize=7)
 
 
+def draw_gap(fig, stored: StoredPreset, params: TableSpec) -> None:
+    """A `gap` table: each row's gap to its baseline in % of the baseline's loss (mean over the paired seeds, 95 %
+    interval) against its first setting (e.g. the worker count M, on a log-2 axis), one line per baseline, the
+    paper's gap beside each point (a cross)."""
+    x = params["settings"][0]
+    table = stored.table().dropna(subset=["gap_pct"]).sort_values(x, kind="stable")
+    ax = fig.subplots()
+    palette = dict(zip(table["baseline"].unique(), sns.color_palette(n_colors=table["baseline"].nunique())))
+    for base, rows in table.groupby("baseline", sort=False):
+        ax.errorbar(rows[x], rows["gap_pct"], yerr=[rows["gap_pct"] - rows["gap_pct_low"],
+                    rows["gap_pct_high"] - rows["gap_pct"]], marker="o", capsize=3, color=palette[base],
+                    label=f"against {base}")
+        paper = rows.dropna(subset=["paper_gap_pct"])
+        ax.scatter(paper[x], paper["paper_gap_pct"], marker="x", s=60, color=palette[base],
+                   label=f"the paper, against {base}")
+    ax.axhline(0, color="k", lw=0.8)
+    ticks = sorted(table[x].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set(xlabel=x, ylabel="gap to the baseline (% of its loss)", title="paired seeds, 95 % interval")
+    ax.legend(fontsize=7)
+
+
 @dataclass(frozen=True)
 class FigureKind:
     """A figure kind (an experiment's `report.figure`, or a preset's `figure`): the function that draws a stored
@@ -412,6 +436,7 @@ FIGURE_KINDS: dict[str, FigureKind] = {
     "stability": FigureKind(draw_stability, (16, 4.5), uses_table=True),
     "balance": FigureKind(draw_balance, (16, 4.5)),
     "choice": FigureKind(draw_choice, (7, 4.5), uses_table=True),
+    "gap": FigureKind(draw_gap, (7, 4.5), uses_table=True),
 }
 
 

@@ -344,10 +344,11 @@ def stays_within(s: Stored, *, column: str, of: float, within: float, rows: list
     return (REPRODUCED if worst < within else NOT_REPRODUCED), ours + (f" ({note})" if note else "")
 
 
-def increases_along(s: Stored, *, method: str, column: str, along: str = "sweep_value",
+def increases_along(s: Stored, *, method: str | list[str], column: str, along: str = "sweep_value",
                     unit: str = "") -> tuple[str, str]:
-    """Reproduced when each row of `method`, in order of `along`, is higher in `column` than the row before by the
-    paired rule (every step combined)."""
+    """Reproduced when each row of `method` (one or a list), in order of `along` (a table column: the sweep value, a
+    config setting such as train.devices), is higher in `column` than the row before by the paired rule (every step
+    combined)."""
     labels = sorted(s.labels(method=method), key=lambda label: float(s.value(label, along)))
     steps = [s.comparison(b, a, column) for a, b in zip(labels, labels[1:])]
     means = "; ".join(f"{along} {num(s.value(label, along))}: {spread(s.row(label), column)}" for label in labels)

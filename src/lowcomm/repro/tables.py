@@ -288,6 +288,16 @@ def config_setting(cfg: DictConfig, key: str) -> float | str:
     return value if isinstance(value, str) else float(value)
 
 
+def with_settings(table: pd.DataFrame, results: list[RunResult], keys: list[str]) -> pd.DataFrame:
+    """The table with a column per dotted config key (config_setting), each row's value from its first run."""
+    first_run = {}
+    for r in results:
+        first_run.setdefault(r.label, r)
+    for key in keys:
+        table[key] = [config_setting(first_run[label].config, key) for label in table["label"]]
+    return table
+
+
 def grid_edges(table: pd.DataFrame, winner: str, settings: list[str]) -> str:
     """The numeric settings at which the winner's value is the least or the greatest of several in `table`
     (`sync.outer_lr high`): where the grid should be extended."""
@@ -309,16 +319,11 @@ def choice_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.Da
     settings at which it lies on an edge of the group's grid (`edge`)."""
     runs = per_run_frame(results)
     settings, group_keys = list(params["settings"]), list(params.get("group", []))
-    keys = [*settings, *group_keys]
-    for key in keys:
-        runs[key] = [config_setting(r.config, key) for r in results]
     for name in params.get("features", []):
         if name not in RUN_FEATURES:
             raise ConfigError(f"table.features names {name!r}: use one of {sorted(RUN_FEATURES)}")
         runs[name] = [RUN_FEATURES[name](r) for r in results]
-    table = summarize(runs)
-    for key in keys:
-        table[key] = runs.groupby("label", sort=False)[key].first().values
+    table = with_settings(summarize(runs), results, [*settings, *group_keys])
     groups = table.groupby(group_keys, sort=False) if group_keys else [(None, table)]
     ranked, ties, edges = {}, {}, {}
     for _, group in groups:
@@ -331,6 +336,25 @@ def choice_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.Da
     table["tie"] = table["label"].map(ties).fillna("")
     table["edge"] = table["label"].map(edges).fillna("")
     return {"table": table}
+
+
+def gap_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
+    """The paired gap of each row a to its baseline b (`gaps`: [a, b] pairs of labels), L_a - L_b in nats with its
+    95 % t-interval, and in % of b's mean, 100 (L_a - L_b) / L_b (its interval the nats interval over the same L_b),
+    beside the paper's gap in % (`paper_pct`: {a: %}); each row shows its `settings` (dotted config keys). The
+    comparisons hold the gaps and the `compare` pairs (e.g. M = 2 against M = 1: whether the gap grows with M)."""
+    runs = per_run_frame(results)
+    table = with_settings(summarize(runs), results, list(params.get("settings", [])))
+    gaps = compare_rows(runs, table, params["gaps"])
+    gap = gaps.set_index("a")
+    for name, column in (("baseline", "b"), ("baseline_loss", "b_mean"), ("gap", "diff"), ("gap_low", "ci_low"),
+                         ("gap_high", "ci_high"), ("gap_n", "n"), ("gap_verdict", "verdict")):
+        table[name] = table["label"].map(gap[column])
+    for name, column in (("gap_pct", "gap"), ("gap_pct_low", "gap_low"), ("gap_pct_high", "gap_high")):
+        table[name] = 100 * table[column] / table["baseline_loss"]
+    table["paper_gap_pct"] = table["label"].map(dict(params.get("paper_pct", {})))
+    return {"table": table, "comparisons": pd.concat([gaps, compare_rows(runs, table, params.get("compare", []))],
+                                                     ignore_index=True)}
 
 
 def sweep_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
@@ -625,6 +649,11 @@ KINDS: dict[str, TableKind] = {
     "stability": TableKind(
         stability_table,
         ["label", "seeds", "final_val_loss", "final_val_loss_std", "balance"]),
+    "gap": TableKind(
+        gap_table,
+        ["label", "train.devices", "sync.outer_lr", "sync.outer_momentum", "optim.lr", "seeds", "final_val_loss",
+         "final_val_loss_std", "baseline", "baseline_loss", "gap", "gap_low", "gap_high", "gap_n", "gap_pct",
+         "gap_pct_low", "gap_pct_high", "paper_gap_pct"]),
     "choice": TableKind(
         choice_table,
         ["label", "optim.name", "train.devices", "sync.outer_lr", "sync.outer_momentum", "optim.lr", "optim.omega",
