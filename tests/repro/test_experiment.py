@@ -138,6 +138,19 @@ def test_bad_experiment_configs_are_named(spec_path, edit, match):
         load_spec(spec_path)
 
 
+@pytest.mark.parametrize("table, match", [
+    ("{kind: choice, settings: [optim.lr], features: [balanc]}", r"table.features names 'balanc'"),
+    ("{kind: gap, settings: [train.devices]}", r"table kind 'gap' needs gaps: add it to the table spec"),
+    ("{kind: choise}", r"table.kind='choise' is unknown"),
+])
+def test_a_bad_table_spec_is_named_before_any_run_trains(spec_path, tmp_path, table, match):
+    spec_path.write_text(SPEC.replace("table: {kind: sweep}", f"table: {table}"))
+    store = ResultsStore(tmp_path / "results")
+    with pytest.raises(ConfigError, match=match):
+        experiment.run_experiment(spec_path, "smoke", store)
+    assert not (tmp_path / "results").exists()  # nothing trained, nothing written
+
+
 def test_undefined_preset_is_named(spec_path):
     with pytest.raises(ConfigError, match="preset 'paper' is not defined in demo"):
         experiment_grid(load_spec(spec_path), "paper")

@@ -13,12 +13,13 @@ from lowcomm.cost.bytes import analytic_bytes_per_step
 from lowcomm.cost.method import AccountedMethod
 from lowcomm.cost.shapes import model_shapes
 from lowcomm.distributed.options import sync_options
-from lowcomm.repro.spec import TableSpec
+from lowcomm.repro.spec import TableSpec, experiments
 from lowcomm.repro.store import RunResult
 from lowcomm.repro.tables import (
     accounted_run,
     analytic_bytes,
     build_tables,
+    check_table,
     dion_rank,
     per_run_frame,
     run_model,
@@ -301,3 +302,9 @@ def test_gap_table_gives_each_rows_paired_gap_to_its_baseline_in_nats_and_percen
     assert list(comparisons["a"] + " - " + comparisons["b"]) == ["diloco_M1 - ddp", "diloco_M2 - ddp",
                                                                  "diloco_M2 - diloco_M1"]
     assert comparisons["diff"].iloc[2] == pytest.approx(0.3)
+
+
+def test_every_presets_table_spec_names_a_kind_its_needed_parameters_and_known_features():
+    for spec in experiments():
+        for preset in spec.presets:
+            check_table(spec.table_of(preset))

@@ -60,7 +60,7 @@ from lowcomm.repro.store import (
     run_name,
     seed_of,
 )
-from lowcomm.repro.tables import build_tables, compact_columns, downstream_sources, markdown
+from lowcomm.repro.tables import build_tables, check_table, compact_columns, downstream_sources, markdown
 from lowcomm.repro.tuning import tuned_overrides
 from lowcomm.stored import RERUN, StoredFileError, counting_skipped, read_config, readable, skip
 from lowcomm.training.run_dir import git_commit, read_record
@@ -335,7 +335,9 @@ def run_experiment(path: str | Path, preset: str = "cpu", store: ResultsStore = 
     if tables_only:
         grid = readable_grid(grid, stored.runs_dir)
     configs = [resolved_config(spec, run, stored.runs_dir) for run in grid]
-    for cfg in configs:  # every run validated before the first one starts
+    table = spec.table_of(preset)
+    check_table(table)  # the table spec and every run validated before the first one starts
+    for cfg in configs:
         validate(cfg)
     reasons = ["--force" if force else stale_reason(stored.run_dir(run.name), cfg, spec.keep_diverged)
                for run, cfg in zip(grid, configs)]
@@ -368,7 +370,6 @@ def run_experiment(path: str | Path, preset: str = "cpu", store: ResultsStore = 
             evaluate_downstream(run_dir, tasks)
     results = readable(lambda run: RunResult.read(run.label, run.method, run.sweep_value, run.seed,
                                                   stored.run_dir(run.name)), grid)
-    table = spec.table_of(preset)
     write_tables(build_tables(table, results), table, stored.dir)
     return stored
 

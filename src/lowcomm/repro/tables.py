@@ -320,8 +320,6 @@ def choice_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.Da
     runs = per_run_frame(results)
     settings, group_keys = list(params["settings"]), list(params.get("group", []))
     for name in params.get("features", []):
-        if name not in RUN_FEATURES:
-            raise ConfigError(f"table.features names {name!r}: use one of {sorted(RUN_FEATURES)}")
         runs[name] = [RUN_FEATURES[name](r) for r in results]
     table = with_settings(summarize(runs), results, [*settings, *group_keys])
     groups = table.groupby(group_keys, sort=False) if group_keys else [(None, table)]
@@ -593,6 +591,7 @@ class TableKind:
     build: Callable[[list[RunResult], TableSpec], dict[str, pd.DataFrame]]
     shown: Sequence[str]
     compact: Sequence[str] = ()
+    needs: Sequence[str] = ()  # the parameters its spec must give
 
 
 KINDS: dict[str, TableKind] = {
@@ -625,11 +624,13 @@ KINDS: dict[str, TableKind] = {
          "nu_mean_over_training"]),
     "beta": TableKind(
         beta_table,
-        ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"]),
+        ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"],
+        needs=("reference",)),
     "convergence": TableKind(
         convergence_table,
         ["label", "seeds", "final_val_loss", "final_val_loss_std", "steps_to_target", "steps_to_target_std",
-         "steps_to_target_n", "step_time_s", "time_to_target_s", "active_rank_share_over_training"]),
+         "steps_to_target_n", "step_time_s", "time_to_target_s", "active_rank_share_over_training"],
+        needs=("target",)),
     "modeled_time": TableKind(
         communication_table,
         ["label", "seeds", "bytes_per_step/total", "analytic_bytes_per_step", "collectives_per_step", "step_time_s",
@@ -639,7 +640,8 @@ KINDS: dict[str, TableKind] = {
          "time_to_target_s_1gbps", "time_to_target_s_100gbps"]),
     "gap_by_horizon": TableKind(
         horizon_table,
-        ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "baseline_steps_to_final"]),
+        ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "baseline_steps_to_final"],
+        needs=("baseline",)),
     "emulated_network": TableKind(
         emulated_network_table,
         ["label", "link_rate_mbit", "link_rate_measured_mbit", "seeds", "final_val_loss", "bytes_per_step/total",
@@ -653,12 +655,14 @@ KINDS: dict[str, TableKind] = {
         gap_table,
         ["label", "train.devices", "sync.outer_lr", "sync.outer_momentum", "optim.lr", "seeds", "final_val_loss",
          "final_val_loss_std", "baseline", "baseline_loss", "gap", "gap_low", "gap_high", "gap_n", "gap_pct",
-         "gap_pct_low", "gap_pct_high", "paper_gap_pct"]),
+         "gap_pct_low", "gap_pct_high", "paper_gap_pct"],
+        needs=("gaps", "settings")),
     "choice": TableKind(
         choice_table,
         ["label", "optim.name", "train.devices", "sync.outer_lr", "sync.outer_momentum", "optim.lr", "optim.omega",
          "optim.qh_scale", "optim.qh_denominator", "seeds", "mean", "std", "diff_to_winner", "ci_low", "ci_high",
-         "chosen", "tie", "edge"]),
+         "chosen", "tie", "edge"],
+        needs=("settings",)),
 }
 
 
@@ -682,9 +686,22 @@ def table_kind(spec: TableSpec) -> TableKind:
     return KINDS[spec.kind]
 
 
+def check_table(spec: TableSpec) -> TableKind:
+    """The spec's kind, its needed parameters given and its `features` known, or a ConfigError that names the fix
+    (the runner checks before its first run trains)."""
+    kind = table_kind(spec)
+    missing = [name for name in kind.needs if name not in spec]
+    if missing:
+        raise ConfigError(f"table kind {spec.kind!r} needs {', '.join(missing)}: add it to the table spec")
+    unknown = [name for name in spec.get("features", []) if name not in RUN_FEATURES]
+    if unknown:
+        raise ConfigError(f"table.features names {unknown[0]!r}: use one of {sorted(RUN_FEATURES)}")
+    return kind
+
+
 def build_tables(spec: TableSpec, results: list[RunResult]) -> dict[str, pd.DataFrame]:
     """The tables of the spec's kind from the finished runs."""
-    return table_kind(spec).build(results, spec)
+    return check_table(spec).build(results, spec)
 
 
 def downstream_sources(table: pd.DataFrame) -> str:
