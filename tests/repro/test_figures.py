@@ -1,10 +1,13 @@
 """`make figures` draws every stored experiment from results/ alone (no training); the smoke test draws each kind."""
 
+import shutil
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+import pytest
 
+from lowcomm.config import ConfigError
 from lowcomm.repro import figures
 from lowcomm.repro.spec import TableSpec, experiments
 from lowcomm.repro.store import ResultsStore
@@ -26,6 +29,16 @@ def test_every_preset_names_a_figure_kind_that_exists():
         for preset in spec.presets:
             kind = spec.figure_of(preset)
             assert kind is None or kind in figures.FIGURE_KINDS, f"{spec.name} {preset}: figure {kind!r}"
+
+
+def test_a_figure_kind_that_does_not_exist_is_named_before_any_figure_is_drawn(tmp_path, monkeypatch):
+    for preset in ("lordo_balance/confirm", "table3_main/quick"):
+        (tmp_path / "results" / preset).mkdir(parents=True)
+        shutil.copy(ROOT / "results" / preset / "table.csv", tmp_path / "results" / preset / "table.csv")
+    monkeypatch.setattr(figures, "FIGURE_KINDS", {k: v for k, v in figures.FIGURE_KINDS.items() if k != "choice"})
+    with pytest.raises(ConfigError, match=r"figure kinds that do not exist \(lordo_balance confirm: 'choice'\)"):
+        figures.draw_all(ResultsStore(tmp_path / "results", tmp_path / "figures"))
+    assert not (tmp_path / "figures").exists()
 
 
 def test_the_forms_figure_places_each_run_at_the_beta_of_its_published_form():

@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from lowcomm.config import ConfigError  # noqa: E402
 from lowcomm.optim.dion import Dion  # noqa: E402
 from lowcomm.repro.accounting import ACCOUNTING_FIX  # noqa: E402
 from lowcomm.repro.spec import ExperimentSpec, TableSpec, reported  # noqa: E402
@@ -468,7 +469,13 @@ def draw_all(store: ResultsStore = ResultsStore()) -> list[Path]:
     """Every stored experiment and preset's figure; returns the .png files written."""
     sns.set_theme(style="whitegrid", context="paper")
     specs = reported()
-    return [draw(stored, specs[stored.experiment]) for stored in store.tabled()]
+    presets = store.tabled()
+    unknown = [f"{stored.experiment} {stored.preset}: {kind!r}" for stored in presets
+               for kind in [specs[stored.experiment].figure_of(stored.preset)] if kind not in FIGURE_KINDS]
+    if unknown:
+        raise ConfigError(f"figure kinds that do not exist ({'; '.join(unknown)}): name one of {sorted(FIGURE_KINDS)} "
+                          "in the preset's `figure` or the experiment's report.figure")
+    return [draw(stored, specs[stored.experiment]) for stored in presets]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -482,7 +489,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for path in draw_all(ResultsStore(args.results, args.out_dir)):
                 print(f"wrote {path}")
-        except StoredFileError as err:
+        except (ConfigError, StoredFileError) as err:
             sys.exit(f"error: {err}")
 
 
