@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
 from lowcomm.config import ConfigError
 from lowcomm.cost.wallclock import compute_seconds, crossover_rate_mbit, step_time, steps_to_reach
-from lowcomm.repro import experiment
+from lowcomm.repro import experiment, tuning
 from lowcomm.repro.experiment import (
     compare_to_reference,
     config_difference,
@@ -124,6 +125,30 @@ def test_method_overrides_set_a_methods_defaults_in_a_preset_and_its_runs_own_ov
                                       "    run_overrides:"))
     with pytest.raises(ConfigError, match=r"presets.cpu.method_overrides names methods \['ddp'\] that none of the "
                                           r"preset's runs has; its methods: \['lordo', 'lordo_local'\]"):
+        load_spec(spec_path)
+
+
+def test_tuned_from_takes_a_presets_lrs_from_an_earlier_protocols_tuned_file(spec_path, tmp_path, monkeypatch):
+    """experiments/tuned_lr_<version>.yaml beside the tuned file; a version without a file, and tuned_from on a
+    preset that takes no tuned lr, are named."""
+    monkeypatch.setattr(tuning, "TUNED_FILE", tmp_path / "tuned_lr.yaml")
+    (tmp_path / "tuned_lr.yaml").write_text(yaml.safe_dump({"lr": {"lordo": 0.02, "lordo_local": 0.03}}))
+    (tmp_path / "tuned_lr_v1.yaml").write_text(yaml.safe_dump({"lr": {"lordo": 0.01, "lordo_local": 0.015}}))
+    tuned = SPEC.replace("    overrides: [optim.lr=3e-3]", "    tuned: [lr]")
+    spec_path.write_text(tuned.replace("    tuned: [lr]", "    tuned: [lr]\n    tuned_from: v1"))
+    spec = load_spec(spec_path)
+    assert spec.preset("cpu").tuned_from == "v1"
+    lrs = {run.name: resolved_config(spec, run, tmp_path).optim.lr for run in experiment_grid(spec, "cpu")}
+    assert lrs["lordo_r8-s0"] == 0.01 and lrs["lordo_local_r16-s0"] == 0.015
+    spec_path.write_text(tuned)
+    assert resolved_config(load_spec(spec_path), experiment_grid(load_spec(spec_path), "cpu")[0], tmp_path).optim.lr \
+        == 0.02
+    spec_path.write_text(tuned.replace("    tuned: [lr]", "    tuned: [lr]\n    tuned_from: v0"))
+    with pytest.raises(ConfigError, match=r"tuned_from: .*tuned_lr_v0.yaml does not exist"):
+        experiment_grid(load_spec(spec_path), "cpu")
+    spec_path.write_text(SPEC.replace("    overrides: [optim.lr=3e-3]", "    overrides: [optim.lr=3e-3]\n"
+                                      "    tuned_from: v1"))
+    with pytest.raises(ConfigError, match=r"presets.cpu.tuned_from.*takes no tuned lr"):
         load_spec(spec_path)
 
 

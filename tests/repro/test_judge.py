@@ -77,6 +77,9 @@ def test_the_default_setting_names_the_presets_steps_lrs_and_method_overrides(tm
     claim = j.judge(j.parse_claims([{"paper": "p", "source": {"paper": "P"}, "rule": "lower", "pairs": [["a", "b"]]}],
                                    "x.yaml")[0], s)
     assert claim.setting == ("claim preset, 1,024 steps, tuned lrs, m and n at optim.x=1, o at optim.y=2 optim.z=3")
+    earlier = Stored(ResultsStore(tmp_path).preset("x", "claim"), ("lr",), tuned_from="v1")
+    assert j.judge(j.parse_claims([{"paper": "p", "source": {"paper": "P"}, "rule": "lower", "pairs": [["a", "b"]]}],
+                                  "x.yaml")[0], earlier).setting == "claim preset, 1,024 steps, tuned lrs (protocol v1)"
     s = stored(tmp_path, [{"label": "a", "commits": "1a2b3c4d5e"}, {"label": "b", "commits": "1a2b3c4d5e"}],
                [comparison("a", "b", LOWER)])
     assert judged(s, rule="lower", pairs=[["a", "b"]]).setting == "synthetic, runs at commit 1a2b3c4"

@@ -33,9 +33,12 @@ METHODS = method_names()
 
 @pytest.fixture
 def tuned(tmp_path, monkeypatch):
-    """A tuned file holding a distinct lr for every method (so a row's lr tells where it came from)."""
+    """A tuned file holding a distinct lr for every method (so a row's lr tells where it came from), and one for each
+    earlier protocol's tuned file in experiments/ (tuned_lr_<version>.yaml), its lrs distinct from all the others."""
     path = tmp_path / "tuned_lr.yaml"
-    path.write_text(yaml.safe_dump({"lr": {m: 1e-4 * (i + 1) for i, m in enumerate(METHODS)}, "adamw_lr": 7.7e-4}))
+    for k, name in enumerate(["tuned_lr.yaml", *sorted(p.name for p in ROOT.glob("experiments/tuned_lr_*.yaml"))]):
+        lrs = {m: 1e-4 * (i + 1) + 1e-6 * k for i, m in enumerate(METHODS)}
+        (tmp_path / name).write_text(yaml.safe_dump({"lr": lrs, "adamw_lr": 7.7e-4 + 1e-6 * k}))
     monkeypatch.setattr(tuning, "TUNED_FILE", path)
     return path
 
@@ -71,9 +74,10 @@ def test_every_row_runs_at_an_lr_named_in_its_config_or_the_tuned_file(config, t
     """... and a row that takes its method's tuned lr runs at the horizon that lr was tuned at (the real tuned
     file's `horizon`), apart from the listed presets."""
     spec = load_spec(config)
-    horizons = tuning.load_tuned(ROOT / "experiments" / "tuned_lr.yaml")["horizon"]
-    fake = yaml.safe_load(tuned.read_text())["lr"]
     for preset in spec.presets:
+        file = tuning.tuned_path(spec.presets[preset].tuned_from).name  # the preset's tuned file, and the fake one
+        horizons = tuning.load_tuned(ROOT / "experiments" / file)["horizon"]
+        fake = yaml.safe_load((tuned.parent / file).read_text())["lr"]
         borrowed, takes_tuned = set(), "lr" in spec.presets[preset].tuned
         for run in experiment_grid(spec, preset):
             cfg = resolved_config(spec, run, tmp_path)

@@ -61,7 +61,7 @@ from lowcomm.repro.store import (
     seed_of,
 )
 from lowcomm.repro.tables import build_tables, check_table, compact_columns, downstream_sources, markdown
-from lowcomm.repro.tuning import tuned_overrides
+from lowcomm.repro.tuning import tuned_overrides, tuned_path
 from lowcomm.stored import RERUN, StoredFileError, counting_skipped, read_config, readable, skip
 from lowcomm.training.run_dir import git_commit, read_record
 from lowcomm.training.command import RunEnded
@@ -114,7 +114,7 @@ def experiment_grid(spec: ExperimentSpec, preset: str, seeds: list[int] | None =
     for run in spec.runs:
         if p.labels is not None and run.label not in p.labels:
             continue
-        tuned = tuned_overrides(run.method, list(p.tuned))
+        tuned = tuned_overrides(run.method, list(p.tuned), tuned_path(p.tuned_from))
         for value in sweep_values(spec, p, run):
             swept = () if value is None else (f"{spec.sweep.key}={value}", *p.sweep_overrides.get(str(value), ()),
                                               *run.sweep_overrides.get(str(value), ()))

@@ -91,10 +91,12 @@ class Stored:
     is not stored (a row, a column, a comparison) raises NotStored."""
 
     def __init__(self, stored: StoredPreset, tuned: tuple[str, ...] = (),
-                 pinned: Mapping[str, tuple[str, ...]] = MappingProxyType({})):
+                 pinned: Mapping[str, tuple[str, ...]] = MappingProxyType({}), tuned_from: str | None = None):
         """`stored`: the preset's place in the results store; `tuned`: what the preset takes from the tuned file;
-        `pinned`: its method_overrides (a method's settings in this preset other than its method preset's)."""
+        `pinned`: its method_overrides (a method's settings in this preset other than its method preset's);
+        `tuned_from`: the earlier protocol whose tuned file its lrs come from (None: the current one)."""
         self.name, self.preset, self.tuned, self.pinned = stored.experiment, stored.preset, tuned, pinned
+        self.tuned_from = tuned_from
         self.sizes: tuple[str, ...] = ()
         self.table = with_whole_state(stored.table()) if stored.has() else None
         self.comparisons = stored.table("comparisons") if stored.has("comparisons") else None
@@ -160,8 +162,10 @@ class Stored:
     @property
     def setting(self) -> str:
         """'claim preset, 1,024 steps, tuned lrs, lordo at optim.qh_scale=1.0': the preset, its runs' steps, where its
-        lrs come from (the tuned file where the preset lists `tuned: [lr]`, else its config), its method_overrides."""
+        lrs come from (the tuned file where the preset lists `tuned: [lr]`, naming an earlier protocol's, else its
+        config), its method_overrides."""
         lrs = "tuned lrs" if "lr" in self.tuned else "lrs named in its config"
+        lrs += f" (protocol {self.tuned_from})" if self.tuned_from else ""
         stored = self.table is not None and "steps" in self.table
         steps = sorted({int(v) for v in self.table["steps"].dropna()}) if stored else []
         span = (f"{steps[0]:,} steps" if len(steps) == 1 else

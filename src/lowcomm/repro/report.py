@@ -39,7 +39,7 @@ def judged(store: ResultsStore, spec: ExperimentSpec) -> list[Claim]:
     """The experiment's claims, each judged on the stored tables of its preset."""
     def stored_at(preset: str) -> Stored:
         defined = spec.presets.get(preset, PresetSpec(preset))
-        return Stored(store.preset(spec.name, preset), defined.tuned, defined.method_overrides)
+        return Stored(store.preset(spec.name, preset), defined.tuned, defined.method_overrides, defined.tuned_from)
 
     stored = cache(stored_at)
     return [judge(claim, stored(claim.preset)) for claim in spec.claims]

@@ -13,6 +13,8 @@ sweep, table, report entry). A config error names the file and the key, and the 
                          run_sweep: {<label>: [...]},         # optional: one run's sweep values in this preset
                          run_seeds: {<label>: [...]},         # optional: one run's seeds in this preset
                          tuned: [lr, adamw_lr],               # optional: lrs from experiments/tuned_lr.yaml
+                         tuned_from: <version>,               # optional: from experiments/tuned_lr_<version>.yaml,
+                                                              # an earlier protocol's choice its runs were made at
                          table: {kind: ..., ...},             # optional: this preset's table instead
                          figure: <figures kind>}}             # optional: this preset's figure instead
     runs: [{label: <row name>, overrides: [key=value, ...], seeds: <at most this many of the seeds>,
@@ -194,11 +196,12 @@ class PresetSpec:
     run_sweep: Mapping[str, tuple] = field(default_factory=lambda: frozen_map({}))
     run_seeds: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: frozen_map({}))
     tuned: tuple[str, ...] = ()
+    tuned_from: str | None = None
     table: TableSpec | None = None
     figure: str | None = None
 
     KEYS = {"seeds", "overrides", "labels", "sweep", "sweep_overrides", "run_overrides", "method_overrides",
-            "run_sweep", "run_seeds", "tuned", "table", "figure"}
+            "run_sweep", "run_seeds", "tuned", "tuned_from", "table", "figure"}
 
     @classmethod
     def parse(cls, name: str, tree: Any, where: Where) -> "PresetSpec":
@@ -208,6 +211,9 @@ class PresetSpec:
         for key, mapping in (("run_sweep", run_sweep), ("run_seeds", run_seeds)):
             if not isinstance(mapping, Mapping):
                 raise (where / key).error(f"must be a mapping of label -> values, got {mapping!r}")
+        if "tuned_from" in tree and not tree.get("tuned"):
+            raise (where / "tuned_from").error("names the tuned file of a preset that takes no tuned lr: list what it "
+                                               "takes in `tuned`, or leave tuned_from out")
         return cls(name, tuple(int(s) for s in values(tree.get("seeds", []), where / "seeds")),
                    overrides(tree.get("overrides", []), where / "overrides"),
                    None if labels is None else tuple(values(labels, where / "labels")),
@@ -219,6 +225,7 @@ class PresetSpec:
                    frozen_map({k: tuple(int(s) for s in values(v, where / "run_seeds" / k))
                                for k, v in run_seeds.items()}),
                    tuple(values(tree.get("tuned", []), where / "tuned")),
+                   None if tree.get("tuned_from") is None else str(tree["tuned_from"]),
                    None if tree.get("table") is None else TableSpec.parse(tree["table"], where / "table"),
                    None if tree.get("figure") is None else str(tree["figure"]))
 
