@@ -79,7 +79,9 @@ def test_the_default_setting_names_the_presets_steps_lrs_and_method_overrides(tm
     assert claim.setting == ("claim preset, 1,024 steps, tuned lrs, m and n at optim.x=1, o at optim.y=2 optim.z=3")
     earlier = Stored(ResultsStore(tmp_path).preset("x", "claim"), ("lr",), tuned_from="v1")
     assert j.judge(j.parse_claims([{"paper": "p", "source": {"paper": "P"}, "rule": "lower", "pairs": [["a", "b"]]}],
-                                  "x.yaml")[0], earlier).setting == "claim preset, 1,024 steps, tuned lrs (protocol v1)"
+                                  "x.yaml")[0], earlier).setting == "claim preset, 1,024 steps, tuned lrs of protocol v1"
+    nonmatrix = Stored(ResultsStore(tmp_path).preset("x", "claim"), ("adamw_lr",), tuned_from="v1")
+    assert nonmatrix.setting == "claim preset, 1,024 steps, lrs named in its config, tuned adamw_lr of protocol v1"
     s = stored(tmp_path, [{"label": "a", "commits": "1a2b3c4d5e"}, {"label": "b", "commits": "1a2b3c4d5e"}],
                [comparison("a", "b", LOWER)])
     assert judged(s, rule="lower", pairs=[["a", "b"]]).setting == "synthetic, runs at commit 1a2b3c4"
@@ -204,6 +206,22 @@ def test_increases_along_pairs_consecutive_rows(tmp_path, steps, verdict):
     claim = judged(stored(tmp_path, rows, c), rule="increases_along", method="d", column="nu", along="rank")
     assert claim.verdict == verdict
     assert claim.ours.startswith("rank 16: 1.16 +- 0.003; rank 32: 1.32 +- 0.003; rank 64: 1.64 +- 0.003 (nu); d_32 - ")
+
+
+def test_increases_along_orders_a_list_of_rows_by_a_config_column_and_refuses_two_at_one_value(tmp_path):
+    """DiLoCo at M = 1, 2, 4 against one baseline: the rows of three labels in order of train.devices; a MuLoCo row
+    at M = 1 beside DiLoCo's has no order."""
+    rows = [{"label": f"diloco_M{m}", "train.devices": m, "final_val_loss": 4 + m / 100} for m in (4, 1, 2)]
+    rows.append({"label": "muloco_M1", "train.devices": 1, "final_val_loss": 3.9})
+    c = [comparison("diloco_M2", "diloco_M1", HIGHER), comparison("diloco_M4", "diloco_M2", HIGHER)]
+    s = stored(tmp_path, rows, c)
+    claim = judged(s, rule="increases_along", method=["diloco_M4", "diloco_M1", "diloco_M2"],
+                   column="final_val_loss", along="train.devices")
+    assert claim.verdict == REPRODUCED and claim.ours.startswith("train.devices 1: 4.01")
+    assert "diloco_M2 - diloco_M1" in claim.ours and "diloco_M4 - diloco_M2" in claim.ours
+    with pytest.raises(ConfigError, match=r"share a value of train.devices \(\[1.0, 1.0, 2.0, 4.0\]\)"):
+        judged(s, rule="increases_along", method=["diloco_M4", "diloco_M1", "diloco_M2", "muloco_M1"],
+               column="final_val_loss", along="train.devices")
 
 
 def test_reaches_sooner_and_the_seeds_that_never_reach(tmp_path):

@@ -282,7 +282,8 @@ def test_gap_table_gives_each_rows_paired_gap_to_its_baseline_in_nats_and_percen
     def config(devices):
         return {**CONFIG, "train": {"devices": devices, "num_nodes": 1}, "optim": {"name": "adamw"},
                 "sync": {"name": "diloco", "sync_every": 4}}
-    finals = {("ddp", 4): [4.9, 5.0, 5.1], ("diloco_M1", 1): [4.8, 4.9, 5.0], ("diloco_M2", 2): [5.0, 5.2, 5.4]}
+    finals = {("ddp", 4): [4.9, 5.0, 5.1, 6.0, 6.0], ("diloco_M1", 1): [4.8, 4.9, 5.0],
+              ("diloco_M2", 2): [5.0, 5.2, 5.4]}  # ddp's seeds 3 and 4 pair with no row: its mean over 0-2 is 5.0
     results = [run(label, seed, [8.0, loss], config=config(devices))
                for (label, devices), losses in finals.items() for seed, loss in enumerate(losses)]
     spec = TableSpec.parse({"kind": "gap", "settings": ["train.devices"], "gaps": [["diloco_M1", "ddp"],
@@ -298,6 +299,7 @@ def test_gap_table_gives_each_rows_paired_gap_to_its_baseline_in_nats_and_percen
     assert m2["gap"] == pytest.approx(0.2) and m2["gap_high"] == pytest.approx(0.2 + half, rel=1e-5)
     assert m2["gap_pct_high"] == pytest.approx(100 * (0.2 + half) / 5.0, rel=1e-5)
     assert list(table["train.devices"]) == [4, 1, 2] and math.isnan(table.loc["ddp", "gap"])
+    assert table.loc["ddp", "final_val_loss"] == pytest.approx(5.4)
     comparisons = tables["comparisons"]
     assert list(comparisons["a"] + " - " + comparisons["b"]) == ["diloco_M1 - ddp", "diloco_M2 - ddp",
                                                                  "diloco_M2 - diloco_M1"]
@@ -308,3 +310,22 @@ def test_every_presets_table_spec_names_a_kind_its_needed_parameters_and_known_f
     for spec in experiments():
         for preset in spec.presets:
             check_table(spec.table_of(preset))
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"gaps": [["a", "b"], ["a", "c"]], "settings": ["train.devices"]}, r"gives a row more than one baseline"),
+    ({"gaps": [["a", "b"]], "settings": []}, r"table kind 'gap' needs settings"),
+    ({"gaps": [["a", "b"]], "settings": ["train.devices"], "paper_pcts": {}},
+     r"reads no \['paper_pcts'\]: its parameters are \['compare', 'gaps', 'paper_pct', 'settings'\]"),
+])
+def test_a_table_spec_that_gives_a_row_two_baselines_leaves_out_a_need_or_misnames_a_parameter_is_named(params,
+                                                                                                       match):
+    with pytest.raises(ConfigError, match=match):
+        check_table(TableSpec.parse({"kind": "gap", **params}))
+
+
+def test_a_gap_that_names_a_label_no_run_has_is_named():
+    results = [run("ddp", 0, [8.0, 5.0]), run("diloco_M1", 0, [8.0, 4.9])]
+    spec = TableSpec.parse({"kind": "gap", "settings": ["train.devices"], "gaps": [["diloco_M1", "dpp"]]})
+    with pytest.raises(ConfigError, match=r"name \['dpp'\], which no run has: use the labels \['ddp', 'diloco_M1'\]"):
+        build_tables(spec, results)

@@ -88,11 +88,26 @@ def test_every_row_runs_at_an_lr_named_in_its_config_or_the_tuned_file(config, t
             if "adamw_lr" in cfg.optim and cfg.optim.adamw_lr is not None:
                 assert cfg.optim.adamw_lr == pytest.approx(named(run.overrides, "optim.adamw_lr")), where
             method = spec.run(run.method).method
-            from_tuned = takes_tuned and lr == pytest.approx(fake[method])
+            pinned = sum(item.startswith("optim.lr=") for item in run.overrides) > takes_tuned
+            from_tuned = takes_tuned and not pinned
+            assert not from_tuned or lr == pytest.approx(fake[method]), f"{where}: not its tuned file's lr"
             if from_tuned and tuning.horizon_of(cfg) != horizons[method]:
                 borrowed.add(method)
         assert borrowed == BORROWS_ANOTHER_HORIZON.get((spec.name, preset), set()), (
             f"{spec.name} {preset}: rows at an lr tuned for another horizon: {sorted(borrowed)}")
+
+
+def test_an_earlier_protocols_file_is_written_from_its_stages_only_beside_the_tuned_file(tuned, tmp_path, capsys):
+    """--stages with the tuned file as --out, or a stage the sweep does not have, is refused before anything is
+    written."""
+    for argv, match in ((["--stages", "cpu"], r"give --out another file than"),
+                        (["--stages", "cpu,claim3", "--out", str(tmp_path / "x.yaml")],
+                         r"\['claim3'\] are not stages of lr_sweep")):
+        with pytest.raises(SystemExit, match=match):
+            tuning.main(argv)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuned_lr.yaml", "tuned_lr_v1.yaml"]
+    with pytest.raises(ConfigError, match=r"tuned_from: v0: .*tuned_lr_v0.yaml does not exist"):
+        tuning.tuned_path("v0")
 
 
 def test_tuned_overrides_name_the_missing_entry_and_skip_adamw_lr_where_there_is_none(tmp_path):

@@ -387,8 +387,8 @@ def draw_choice(fig, stored: StoredPreset, params: TableSpec) -> None:
 
 def draw_gap(fig, stored: StoredPreset, params: TableSpec) -> None:
     """A `gap` table: each row's gap to its baseline in % of the baseline's loss (mean over the paired seeds, 95 %
-    interval) against its first setting (e.g. the worker count M, on a log-2 axis), one line per baseline, the
-    paper's gap beside each point (a cross)."""
+    interval) against its first setting (e.g. the worker count M, on a log-2 axis where it is positive), one line
+    per baseline, the paper's gap beside each point (a cross)."""
     x = params["settings"][0]
     table = stored.table().dropna(subset=["gap_pct"]).sort_values(x, kind="stable")
     ax = fig.subplots()
@@ -402,9 +402,10 @@ def draw_gap(fig, stored: StoredPreset, params: TableSpec) -> None:
                    label=f"the paper, against {base}")
     ax.axhline(0, color="k", lw=0.8)
     ticks = sorted(table[x].unique())
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-    ax.minorticks_off()
+    if pd.api.types.is_numeric_dtype(table[x]) and table[x].min() > 0:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
     ax.set(xlabel=x, ylabel="gap to the baseline (% of its loss)", title="paired seeds, 95 % interval")
     ax.legend(fontsize=7)
 

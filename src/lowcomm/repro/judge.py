@@ -164,8 +164,9 @@ class Stored:
         """'claim preset, 1,024 steps, tuned lrs, lordo at optim.qh_scale=1.0': the preset, its runs' steps, where its
         lrs come from (the tuned file where the preset lists `tuned: [lr]`, naming an earlier protocol's, else its
         config), its method_overrides."""
-        lrs = "tuned lrs" if "lr" in self.tuned else "lrs named in its config"
-        lrs += f" (protocol {self.tuned_from})" if self.tuned_from else ""
+        of = f" of protocol {self.tuned_from}" if self.tuned_from else ""
+        lrs = (f"tuned lrs{of}" if "lr" in self.tuned else
+               f"lrs named in its config{', tuned adamw_lr' + of if of and 'adamw_lr' in self.tuned else ''}")
         stored = self.table is not None and "steps" in self.table
         steps = sorted({int(v) for v in self.table["steps"].dropna()}) if stored else []
         span = (f"{steps[0]:,} steps" if len(steps) == 1 else
@@ -352,8 +353,12 @@ def increases_along(s: Stored, *, method: str | list[str], column: str, along: s
                     unit: str = "") -> tuple[str, str]:
     """Reproduced when each row of `method` (one or a list), in order of `along` (a table column: the sweep value, a
     config setting such as train.devices), is higher in `column` than the row before by the paired rule (every step
-    combined)."""
+    combined). Two rows at one value of `along` are a ConfigError (they have no order)."""
     labels = sorted(s.labels(method=method), key=lambda label: float(s.value(label, along)))
+    at = [float(s.value(label, along)) for label in labels]
+    if len(set(at)) < len(at):
+        raise ConfigError(f"increases_along: rows {labels} of {method} share a value of {along} ({at}): name rows "
+                          "with one row per value")
     steps = [s.comparison(b, a, column) for a, b in zip(labels, labels[1:])]
     means = "; ".join(f"{along} {num(s.value(label, along))}: {spread(s.row(label), column)}" for label in labels)
     ours = f"{means} ({column}); " + "; ".join(diff_text(c, unit) for c in steps)

@@ -336,18 +336,33 @@ def choice_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.Da
     return {"table": table}
 
 
+def paired_mean(runs: pd.DataFrame, label: str, base: Any) -> float:
+    """The mean final loss of `base` over the seeds it shares with `label` (nan without a base)."""
+    if not isinstance(base, str):
+        return math.nan
+    row, of_base = per_seed(runs, label, "final_val_loss"), per_seed(runs, base, "final_val_loss")
+    return float(np.mean([of_base[seed] for seed in row if seed in of_base]))
+
+
 def gap_table(results: list[RunResult], params: TableSpec) -> dict[str, pd.DataFrame]:
     """The paired gap of each row a to its baseline b (`gaps`: [a, b] pairs of labels), L_a - L_b in nats with its
-    95 % t-interval, and in % of b's mean, 100 (L_a - L_b) / L_b (its interval the nats interval over the same L_b),
+    95 % t-interval, and in % of b's mean over the paired seeds, 100 (L_a - L_b) / L_b (its interval the nats interval
+    over the same L_b),
     beside the paper's gap in % (`paper_pct`: {a: %}); each row shows its `settings` (dotted config keys). The
     comparisons hold the gaps and the `compare` pairs (e.g. M = 2 against M = 1: whether the gap grows with M)."""
     runs = per_run_frame(results)
     table = with_settings(summarize(runs), results, list(params.get("settings", [])))
+    named = {label for pair in params["gaps"] for label in pair} | set(params.get("paper_pct", {}))
+    absent = sorted(named - set(table["label"]))
+    if absent:
+        raise ConfigError(f"table.gaps or paper_pct name {absent}, which no run has: use the labels "
+                          f"{list(table['label'])}")
     gaps = compare_rows(runs, table, params["gaps"])
     gap = gaps.set_index("a")
-    for name, column in (("baseline", "b"), ("baseline_loss", "b_mean"), ("gap", "diff"), ("gap_low", "ci_low"),
-                         ("gap_high", "ci_high"), ("gap_n", "n"), ("gap_verdict", "verdict")):
+    for name, column in (("baseline", "b"), ("gap", "diff"), ("gap_low", "ci_low"), ("gap_high", "ci_high"),
+                         ("gap_n", "n"), ("gap_verdict", "verdict")):
         table[name] = table["label"].map(gap[column])
+    table["baseline_loss"] = [paired_mean(runs, label, base) for label, base in zip(table["label"], table["baseline"])]
     for name, column in (("gap_pct", "gap"), ("gap_pct_low", "gap_low"), ("gap_pct_high", "gap_high")):
         table[name] = 100 * table[column] / table["baseline_loss"]
     table["paper_gap_pct"] = table["label"].map(dict(params.get("paper_pct", {})))
@@ -591,9 +606,11 @@ class TableKind:
     build: Callable[[list[RunResult], TableSpec], dict[str, pd.DataFrame]]
     shown: Sequence[str]
     compact: Sequence[str] = ()
-    needs: Sequence[str] = ()  # the parameters its spec must give
+    needs: Sequence[str] = ()  # the parameters its spec must give (each not empty)
+    accepts: Sequence[str] = ()  # the others it reads (its builder's, and its figure's)
 
 
+METHODS_PARAMS = ("baselines", "state_baseline", "bandwidth_gbps", "latency_s", "target_bandwidths_gbps", "compare")
 KINDS: dict[str, TableKind] = {
     "methods": TableKind(
         methods_table,
@@ -602,15 +619,18 @@ KINDS: dict[str, TableKind] = {
          "optimizer_state_bytes", "state_ratio_to_adamw", "matrix_moments_ratio", "error_feedback_bytes",
          "anchor_bytes", "time_to_final_s_10gbps"],
         ["label", "seeds", "final_val_loss", "final_val_ppl", "bytes_per_step/total", "bytes_ratio_to_ddp",
-         "state_ratio_to_adamw", "downstream/heldout_passage_ending/acc"]),
+         "state_ratio_to_adamw", "downstream/heldout_passage_ending/acc"],
+        accepts=METHODS_PARAMS),
     "stagnation": TableKind(
         stagnation_table,
         ["label", "seeds", "omega", "weight_decay", "qh_scale", "qh_denominator", "final_val_loss",
-         "final_val_loss_std", "final_val_ppl", "angle_max_over_syncs", "angle_median_over_syncs", "balance"]),
+         "final_val_loss_std", "final_val_ppl", "angle_max_over_syncs", "angle_median_over_syncs", "balance"],
+        accepts=("settings", "compare")),
     "sweep": TableKind(
         sweep_table,
         ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl",
-         "final_val_ppl_std"]),
+         "final_val_ppl_std"],
+        accepts=("compare",)),
     "nu": TableKind(
         nu_table,
         ["label", "sweep_value", "seeds", "rank", "sqrt_rank", "nu_mean_over_training", "nu_mean_over_training_std",
@@ -621,48 +641,52 @@ KINDS: dict[str, TableKind] = {
          "bytes_per_step/total", "bytes_ratio_to_ddp", "optimizer_state_bytes", "state_ratio_to_adamw",
          "nu_mean_over_training", "probe_cosine_mean_over_syncs"],
         ["label", "seeds", "final_val_loss", "final_val_ppl", "bytes_ratio_to_ddp", "state_ratio_to_adamw",
-         "nu_mean_over_training"]),
+         "nu_mean_over_training"],
+        accepts=METHODS_PARAMS),
     "beta": TableKind(
         beta_table,
         ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "final_val_ppl"],
-        needs=("reference",)),
+        needs=("reference",), accepts=("reference_of",)),
     "convergence": TableKind(
         convergence_table,
         ["label", "seeds", "final_val_loss", "final_val_loss_std", "steps_to_target", "steps_to_target_std",
          "steps_to_target_n", "step_time_s", "time_to_target_s", "active_rank_share_over_training"],
-        needs=("target",)),
+        needs=("target",), accepts=("compare",)),
     "modeled_time": TableKind(
         communication_table,
         ["label", "seeds", "bytes_per_step/total", "analytic_bytes_per_step", "collectives_per_step", "step_time_s",
          "optimizer_state_bytes", "final_val_loss", "steps_to_target", "t_step_s_1gbps", "t_step_s_10gbps",
          "t_step_s_100gbps", "time_to_target_s_1gbps", "time_to_target_s_10gbps", "time_to_target_s_100gbps"],
         ["label", "seeds", "final_val_loss", "bytes_per_step/total", "step_time_s", "steps_to_target",
-         "time_to_target_s_1gbps", "time_to_target_s_100gbps"]),
+         "time_to_target_s_1gbps", "time_to_target_s_100gbps"],
+        accepts=("bandwidths_gbps", "latency_s")),
     "gap_by_horizon": TableKind(
         horizon_table,
         ["label", "sweep_value", "seeds", "final_val_loss", "final_val_loss_std", "baseline_steps_to_final"],
-        needs=("baseline",)),
+        needs=("baseline",), accepts=("compare",)),
     "emulated_network": TableKind(
         emulated_network_table,
         ["label", "link_rate_mbit", "link_rate_measured_mbit", "seeds", "final_val_loss", "bytes_per_step/total",
          "collectives_per_step", "compute_run_s", "compute_s", "step_time_measured_s", "step_time_modeled_s",
          "step_time_ratio", "target_loss", "steps_to_target", "time_to_target_measured_s", "time_to_target_modeled_s",
-         "time_to_target_ratio"]),
+         "time_to_target_ratio"],
+        accepts=("latency_s", "target_margin", "crossover")),
     "stability": TableKind(
         stability_table,
-        ["label", "seeds", "final_val_loss", "final_val_loss_std", "balance"]),
+        ["label", "seeds", "final_val_loss", "final_val_loss_std", "balance"],
+        accepts=("balance_of",)),
     "gap": TableKind(
         gap_table,
         ["label", "train.devices", "sync.outer_lr", "sync.outer_momentum", "optim.lr", "seeds", "final_val_loss",
          "final_val_loss_std", "baseline", "baseline_loss", "gap", "gap_low", "gap_high", "gap_n", "gap_pct",
          "gap_pct_low", "gap_pct_high", "paper_gap_pct"],
-        needs=("gaps", "settings")),
+        needs=("gaps", "settings"), accepts=("paper_pct", "compare")),
     "choice": TableKind(
         choice_table,
         ["label", "optim.name", "train.devices", "sync.outer_lr", "sync.outer_momentum", "optim.lr", "optim.omega",
          "optim.qh_scale", "optim.qh_denominator", "seeds", "mean", "std", "diff_to_winner", "ci_low", "ci_high",
          "chosen", "tie", "edge"],
-        needs=("settings",)),
+        needs=("settings",), accepts=("group", "features")),
 }
 
 
@@ -690,12 +714,19 @@ def check_table(spec: TableSpec) -> TableKind:
     """The spec's kind, its needed parameters given and its `features` known, or a ConfigError that names the fix
     (the runner checks before its first run trains)."""
     kind = table_kind(spec)
-    missing = [name for name in kind.needs if name not in spec]
+    missing = [name for name in kind.needs if name not in spec or spec[name] in (None, [], {}, "")]
     if missing:
         raise ConfigError(f"table kind {spec.kind!r} needs {', '.join(missing)}: add it to the table spec")
+    unread = sorted(set(spec.params) - {*kind.needs, *kind.accepts})
+    if unread:
+        raise ConfigError(f"table kind {spec.kind!r} reads no {unread}: its parameters are "
+                          f"{sorted({*kind.needs, *kind.accepts})}")
     unknown = [name for name in spec.get("features", []) if name not in RUN_FEATURES]
     if unknown:
         raise ConfigError(f"table.features names {unknown[0]!r}: use one of {sorted(RUN_FEATURES)}")
+    rows = [pair[0] for pair in spec.get("gaps", [])]
+    if len(rows) != len(set(rows)):
+        raise ConfigError(f"table.gaps gives a row more than one baseline ({rows}): one pair per row")
     return kind
 
 

@@ -33,10 +33,21 @@ from lowcomm.stored import StoredFileError, counting_skipped
 TUNED_KEYS = ("lr", "adamw_lr")
 
 
+def versioned(version: str) -> Path:
+    """experiments/tuned_lr_<version>.yaml: the tuned file of an earlier protocol."""
+    return TUNED_FILE.with_name(f"{TUNED_FILE.stem}_{version}{TUNED_FILE.suffix}")
+
+
 def tuned_path(version: str | None = None) -> Path:
     """experiments/tuned_lr.yaml, or an earlier protocol's choice, experiments/tuned_lr_<version>.yaml (a preset's
-    `tuned_from`)."""
-    return TUNED_FILE if version is None else TUNED_FILE.with_name(f"{TUNED_FILE.stem}_{version}{TUNED_FILE.suffix}")
+    `tuned_from`: a ConfigError where that file does not exist)."""
+    if version is None:
+        return TUNED_FILE
+    path = versioned(version)
+    if not path.exists():
+        raise ConfigError(f"tuned_from: {version}: {path} does not exist: name the version of a tuned file in "
+                          f"{path.parent}, or leave tuned_from out")
+    return path
 
 
 def load_tuned(path: Path | None = None) -> dict:
@@ -62,9 +73,6 @@ def tuned_overrides(method: str | None, keys: list[str], path: Path | None = Non
     if method is None:
         raise ConfigError("a preset with `tuned` needs every run to name its method (method=<preset>)")
     path = path or TUNED_FILE
-    if path != TUNED_FILE and not path.exists():
-        raise ConfigError(f"tuned_from: {path} does not exist: name the version of a tuned file in "
-                          f"{path.parent}, or leave tuned_from out")
     tuned = load_tuned(path)
     fix = "run the lr sweep and `make tune`, or name optim.lr in the experiment config"
     out = []
@@ -167,14 +175,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lowcomm.repro.tuning", description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS, help="the results store the sweep lies in")
     parser.add_argument("--out", type=Path, default=TUNED_FILE, help="the tuned file to write")
-    parser.add_argument("--stages", help="the sweep's presets, in order (default: its config's tuning.stages); "
-                        "with it, results/<sweep>/chosen.csv is left as it is (it holds every stage)")
+    parser.add_argument("--stages", help="some of the sweep's stages, in order (default: its config's "
+                        "tuning.stages), for an earlier protocol's file: needs --out another file than the tuned one, "
+                        "and leaves results/<sweep>/chosen.csv (every stage) as it is")
     args = parser.parse_args(argv)
     store = ResultsStore(args.results)
     with counting_skipped():
         try:
             sweep = tuning_sweep()
             stages = tuple(args.stages.split(",")) if args.stages else sweep.tuning.stages
+            unknown = sorted(set(stages) - set(sweep.tuning.stages))
+            if unknown:
+                raise ConfigError(f"--stages {unknown} are not stages of {sweep.name}: use some of "
+                                  f"{list(sweep.tuning.stages)}")
+            if args.stages and args.out.resolve() == TUNED_FILE.resolve():
+                raise ConfigError(f"--stages writes an earlier protocol's choice: give --out another file than "
+                                  f"{TUNED_FILE} (e.g. {versioned('v1')})")
             chosen = choices(store, sweep, stages)
         except (ConfigError, StoredFileError) as err:
             raise SystemExit(f"error: {err}") from None
@@ -190,8 +206,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{row['method']}: the best lr {row['lr']:g} at {row['horizon']} steps lies on the {row['edge']} edge "
                   f"of its {row['stage']} grid: add {row['add']:g} to its sweep values in "
                   f"{sweep.config} and rerun")
-    options = "".join(f" --{key} {value}" for key, value in (("stages", args.stages), ("out", args.out))
-                      if value and (key != "out" or value != TUNED_FILE))
+    options = "".join([f" --results {args.results}"] * (args.results.resolve() != RESULTS.resolve())
+                      + [f" --stages {args.stages}"] * bool(args.stages)
+                      + [f" --out {args.out}"] * (args.out.resolve() != TUNED_FILE.resolve()))
     header = HEADER.format(name=sweep.name, nonmatrix=sweep.tuning.nonmatrix_lr_from, options=options,
                            stages=", ".join(dict.fromkeys(chosen["stage"])))
     args.out.write_text(header + yaml.safe_dump(tuned_file(chosen, sweep.tuning.nonmatrix_lr_from), sort_keys=False))
