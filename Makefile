@@ -71,7 +71,8 @@ experiments: $(EXPERIMENTS)
 
 # The learning-rate protocol (experiments/lr_sweep/README.md): stage 1 (the AdamW family), the choice, stage 2 (the
 # Muon and Dion family, their non-matrix lr from stage 1), the choice again, stage 3 (the claim horizon) and protocol v2
-# (claim_v2: tuning seeds 100-102), each followed by the choice. `make lr_sweep OUT=results` updates
+# (claim_v2: tuning seeds 100-102), then its horizon stage at 256 steps (cpu_v2), each followed by the choice.
+# `make lr_sweep OUT=results` updates
 # experiments/tuned_lr.yaml, which every experiment's cpu preset reads; into runs/ the choice goes to
 # runs/lr_sweep/tuned_lr.yaml and stage 2 reads the stored file. Its target runs the stages of its config's `tuning`.
 tune: install

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from lowcomm.config import ConfigError
-from lowcomm.repro.spec import ExperimentSpec, experiments, load_spec, make_rules, reported, tuning_sweep
+from lowcomm.repro.spec import (
+    ExperimentSpec,
+    TuningSpec,
+    Where,
+    experiments,
+    load_spec,
+    make_rules,
+    reported,
+    tuning_sweep,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """
@@ -105,4 +114,13 @@ def test_the_makefile_targets_come_from_the_specs():
     sweep = tuning_sweep(ROOT / "experiments")
     stages = [line.split()[4] for line in rules.split(f"{sweep.name}: install\n")[1].split("\n\n")[0].splitlines()
               if "lowcomm.repro.experiment" in line]
-    assert stages == list(sweep.tuning.stages)
+    assert stages == list(sweep.tuning.stages) + list(sweep.tuning.horizon_stages)
+
+
+def test_a_horizon_stage_runs_after_the_stages_and_may_not_be_one_of_them():
+    spec = TuningSpec.parse({"stages": ["cpu", "claim"], "nonmatrix_lr_from": "ddp", "horizon_stages": ["short"]},
+                            Where(Path("x.yaml")))
+    assert spec.every_stage == ("cpu", "claim", "short")
+    with pytest.raises(ConfigError, match=r"horizon_stages names \['claim'\], which `stages` names too"):
+        TuningSpec.parse({"stages": ["cpu", "claim"], "nonmatrix_lr_from": "ddp", "horizon_stages": ["claim"]},
+                         Where(Path("x.yaml")))

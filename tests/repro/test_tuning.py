@@ -34,11 +34,15 @@ METHODS = method_names()
 @pytest.fixture
 def tuned(tmp_path, monkeypatch):
     """A tuned file holding a distinct lr for every method (so a row's lr tells where it came from), and one for each
-    earlier protocol's tuned file in experiments/ (tuned_lr_<version>.yaml), its lrs distinct from all the others."""
+    earlier protocol's tuned file in experiments/ (tuned_lr_<version>.yaml), its lrs distinct from all the others;
+    each with a distinct lr at every horizon and method of its real file's `lr_at_horizon`."""
     path = tmp_path / "tuned_lr.yaml"
     for k, name in enumerate(["tuned_lr.yaml", *sorted(p.name for p in ROOT.glob("experiments/tuned_lr_*.yaml"))]):
         lrs = {m: 1e-4 * (i + 1) + 1e-6 * k for i, m in enumerate(METHODS)}
-        (tmp_path / name).write_text(yaml.safe_dump({"lr": lrs, "adamw_lr": 7.7e-4 + 1e-6 * k}))
+        at = {steps: {m: 5e-2 + 1e-4 * (i + 1) + 1e-6 * k + 1e-7 * j for i, m in enumerate(methods)}
+              for j, (steps, methods) in enumerate(tuning.load_tuned(ROOT / "experiments" / name)
+                                                   .get("lr_at_horizon", {}).items())}
+        (tmp_path / name).write_text(yaml.safe_dump({"lr": lrs, "adamw_lr": 7.7e-4 + 1e-6 * k, "lr_at_horizon": at}))
     monkeypatch.setattr(tuning, "TUNED_FILE", path)
     return path
 
@@ -72,12 +76,12 @@ BORROWS_ANOTHER_HORIZON = {
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.parent.name)
 def test_every_row_runs_at_an_lr_named_in_its_config_or_the_tuned_file(config, tuned, tmp_path):
     """... and a row that takes its method's tuned lr runs at the horizon that lr was tuned at (the real tuned
-    file's `horizon`), apart from the listed presets."""
+    file's `horizon`, or its lr at the row's own horizon: `lr_at_horizon`), apart from the listed presets."""
     spec = load_spec(config)
     for preset in spec.presets:
         file = tuning.tuned_path(spec.presets[preset].tuned_from).name  # the preset's tuned file, and the fake one
-        horizons = tuning.load_tuned(ROOT / "experiments" / file)["horizon"]
-        fake = yaml.safe_load((tuned.parent / file).read_text())["lr"]
+        real = tuning.load_tuned(ROOT / "experiments" / file)
+        fake = yaml.safe_load((tuned.parent / file).read_text())
         borrowed, takes_tuned = set(), "lr" in spec.presets[preset].tuned
         for run in experiment_grid(spec, preset):
             cfg = resolved_config(spec, run, tmp_path)
@@ -90,8 +94,11 @@ def test_every_row_runs_at_an_lr_named_in_its_config_or_the_tuned_file(config, t
             method = spec.run(run.method).method
             pinned = sum(item.startswith("optim.lr=") for item in run.overrides) > takes_tuned
             from_tuned = takes_tuned and not pinned
-            assert not from_tuned or lr == pytest.approx(fake[method]), f"{where}: not its tuned file's lr"
-            if from_tuned and tuning.horizon_of(cfg) != horizons[method]:
+            steps = tuning.horizon_of(cfg)
+            at_own_horizon = method in real.get("lr_at_horizon", {}).get(steps, {})
+            expected = fake["lr_at_horizon"][steps][method] if at_own_horizon else fake["lr"][method]
+            assert not from_tuned or lr == pytest.approx(expected), f"{where}: not its tuned file's lr"
+            if from_tuned and not at_own_horizon and steps != real["horizon"][method]:
                 borrowed.add(method)
         assert borrowed == BORROWS_ANOTHER_HORIZON.get((spec.name, preset), set()), (
             f"{spec.name} {preset}: rows at an lr tuned for another horizon: {sorted(borrowed)}")
@@ -120,6 +127,25 @@ def test_tuned_overrides_name_the_missing_entry_and_skip_adamw_lr_where_there_is
         tuned_overrides("lordo", ["lr"], path)
     with pytest.raises(ConfigError, match="not tuned values"):
         tuned_overrides("ddp", ["omega"], path)
+
+
+def test_a_run_takes_the_lr_tuned_at_its_own_horizon_where_the_file_has_one(tmp_path):
+    """lr_at_horizon first, the method's lr otherwise; the run's horizon is resolved only for a method that has an lr
+    at some horizon."""
+    path = tmp_path / "tuned_lr.yaml"
+    path.write_text(yaml.safe_dump({"lr": {"ddp": 0.006, "muon": 0.04},
+                                    "lr_at_horizon": {256: {"ddp": 0.012, "lordo": 0.024}}}))
+    assert tuned_overrides("ddp", ["lr"], path, lambda: 256) == ["optim.lr=0.012"]
+    assert tuned_overrides("ddp", ["lr"], path, lambda: 1024) == ["optim.lr=0.006"]
+    assert tuned_overrides("lordo", ["lr"], path, lambda: 256) == ["optim.lr=0.024"]
+    with pytest.raises(ConfigError, match="no tuned lr for method lordo"):
+        tuned_overrides("lordo", ["lr"], path, lambda: 1024)
+
+    def unresolved() -> int:
+        raise AssertionError("the horizon of a method without an lr at any horizon was resolved")
+
+    assert tuned_overrides("muon", ["lr"], path, unresolved) == ["optim.lr=0.04"]
+    assert tuning.tuned_lr(yaml.safe_load(path.read_text()), "ddp", lambda: 256) == (0.012, 256)
     assert RunSpec("x", ("optim.lr=1", "method=ddp", "method=lordo")).method == "lordo"
 
 
@@ -160,6 +186,18 @@ def test_the_tuned_file_takes_each_methods_latest_stage_with_its_horizon_and_lea
                             "edge": "high"}])
     assert tuned_file(chosen, "ddp") == {"lr": {"ddp": 3e-3, "lordo": 6e-3}, "horizon": {"ddp": 256, "lordo": 1024},
                                   "adamw_lr": 3e-3}
+
+
+def test_a_horizon_stage_keys_its_choice_by_steps_and_replaces_no_methods_lr():
+    row = {"chosen": True, "edge": ""}
+    chosen = pd.DataFrame([{**row, "method": "lordo", "stage": "claim", "horizon": 1024, "lr": 1.2e-2},
+                           {**row, "method": "lordo", "stage": "short", "horizon": 256, "lr": 6e-3},
+                           {**row, "method": "lowrank_ddp", "stage": "short", "horizon": 256, "lr": 2.4e-2},
+                           {**row, "method": "lordo", "stage": "shorter", "horizon": 128, "lr": 3e-3},
+                           {**row, "method": "ddp", "stage": "short", "horizon": 256, "lr": 3e-3, "edge": "low"}])
+    assert tuned_file(chosen, "ddp", ("short", "shorter")) == {
+        "lr": {"lordo": 1.2e-2}, "horizon": {"lordo": 1024},
+        "lr_at_horizon": {128: {"lordo": 3e-3}, 256: {"lordo": 6e-3, "lowrank_ddp": 2.4e-2}}}
 
 
 def test_lr_sweep_smoke_keeps_a_diverged_run_as_a_result(tmp_path):

@@ -10,9 +10,9 @@ where lowcomm.repro.store.ResultsStore says.
 Every preset starts from the overrides of experiments/presets.yaml for its name. Overrides apply in the order
 presets.yaml, preset, tuned lrs, method_overrides, run, sweep value (with the preset's, then the run's
 sweep_overrides), run_overrides, command line, seed (`train.seed` and `data.seed`; a run's `data_seed` replaces
-the latter). With `tuned`, each run takes its method's tuned peak lr (`lr`) and, where its
-optimizer has one, the non-matrix lr (`adamw_lr`) from the file `make tune` writes
-(lowcomm.repro.tuning.tuned_overrides); the values go into the run's overrides and its stored config.
+the latter). With `tuned`, each run takes its method's tuned peak lr (`lr`; the lr tuned at the run's own horizon
+where the file has one) and, where its optimizer has one, the non-matrix lr (`adamw_lr`) from the file `make tune`
+writes (lowcomm.repro.tuning.tuned_overrides); the values go into the run's overrides and its stored config.
 
 A run is reused only when its record.json says `status: complete` (or `diverged`, with keep_diverged) and its
 stored config.yaml equals the run's resolved config (both on the optimizer's defaults); otherwise (or with --force)
@@ -61,7 +61,7 @@ from lowcomm.repro.store import (
     seed_of,
 )
 from lowcomm.repro.tables import build_tables, check_table, compact_columns, downstream_sources, markdown
-from lowcomm.repro.tuning import tuned_overrides, tuned_path
+from lowcomm.repro.tuning import horizon_of, tuned_overrides, tuned_path
 from lowcomm.stored import RERUN, StoredFileError, counting_skipped, read_config, readable, skip
 from lowcomm.training.run_dir import git_commit, read_record
 from lowcomm.training.command import RunEnded
@@ -114,17 +114,20 @@ def experiment_grid(spec: ExperimentSpec, preset: str, seeds: list[int] | None =
     for run in spec.runs:
         if p.labels is not None and run.label not in p.labels:
             continue
-        tuned = tuned_overrides(run.method, list(p.tuned), tuned_path(p.tuned_from))
         for value in sweep_values(spec, p, run):
             swept = () if value is None else (f"{spec.sweep.key}={value}", *p.sweep_overrides.get(str(value), ()),
                                               *run.sweep_overrides.get(str(value), ()))
             label = run.label if value is None else spec.sweep.label(run.label, value)
+            head = (*shared_overrides(preset), *p.overrides)
+            tail = (*p.method_overrides.get(run.method, ()), *run.overrides, *swept,
+                    *p.run_overrides.get(run.label, ()), *extra)
+            tuned = tuned_overrides(run.method, list(p.tuned), tuned_path(p.tuned_from),
+                                    lambda: horizon_of(load_config(spec.base, [*head, *tail])))
             data_seed = run.data_seed
             own = seeds if given else list(p.run_seeds.get(run.label, seeds))
             for seed in own[: len(own) if run.seeds is None else run.seeds]:
-                overrides = (*shared_overrides(preset), *p.overrides, *tuned, *p.method_overrides.get(run.method, ()),
-                             *run.overrides, *swept, *p.run_overrides.get(run.label, ()), *extra,
-                             f"train.seed={seed}", f"data.seed={seed if data_seed is None else data_seed}")
+                overrides = (*head, *tuned, *tail, f"train.seed={seed}",
+                             f"data.seed={seed if data_seed is None else data_seed}")
                 runs.append(GridRun(label, run.label, value, seed, overrides))
     names = [run.name for run in runs]
     twice = sorted({name for name in names if names.count(name) > 1})

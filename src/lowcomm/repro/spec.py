@@ -23,7 +23,9 @@ sweep, table, report entry). A config error names the file and the key, and the 
                                                              # run's seed (which then sets the initialization only)
     sweep: {key: <config key>, values: [...], tag: <label suffix>}   # optional: every run at every value
     keep_diverged: true                                              # optional: a diverged run is a result
-    tuning: {stages: [<preset>, ...], nonmatrix_lr_from: <method>}   # optional: the lr protocol's sweep
+    tuning: {stages: [<preset>, ...], nonmatrix_lr_from: <method>,   # optional: the lr protocol's sweep
+             horizon_stages: [<preset>, ...]}                        # optional: stages whose choice holds only at
+                                                                     # their own horizon
     table: {kind: <lowcomm.repro.tables kind>, show: [<column>, ...], compact: [<column>, ...], ...}
                                                                      # the kind and its parameters; `show` adds
                                                                      # columns to table.md, `compact` replaces the
@@ -278,15 +280,28 @@ class ReportSpec:
 @dataclass(frozen=True)
 class TuningSpec:
     """The lr protocol's sweep (lowcomm.repro.tuning): its presets in order (a later stage's choice replaces an
-    earlier one's) and the method whose tuned lr is the non-matrix lr (`adamw_lr`) of the Muon and Dion rows."""
+    earlier one's), the method whose tuned lr is the non-matrix lr (`adamw_lr`) of the Muon and Dion rows, and the
+    stages whose choice serves only the runs at their own horizon (replacing nothing)."""
 
     stages: tuple[str, ...]
     nonmatrix_lr_from: str
+    horizon_stages: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, tree: Any, where: Where) -> "TuningSpec":
-        tree = checked_keys(tree, where, {"stages", "nonmatrix_lr_from"}, {"stages", "nonmatrix_lr_from"})
-        return cls(tuple(values(tree["stages"], where / "stages")), str(tree["nonmatrix_lr_from"]))
+        tree = checked_keys(tree, where, {"stages", "nonmatrix_lr_from", "horizon_stages"},
+                            {"stages", "nonmatrix_lr_from"})
+        stages = tuple(values(tree["stages"], where / "stages"))
+        horizon_stages = tuple(values(tree.get("horizon_stages", []), where / "horizon_stages"))
+        both = sorted(set(stages) & set(horizon_stages))
+        if both:
+            raise (where / "horizon_stages").error(f"names {both}, which `stages` names too: list a stage in one")
+        return cls(stages, str(tree["nonmatrix_lr_from"]), horizon_stages)
+
+    @property
+    def every_stage(self) -> tuple[str, ...]:
+        """The stages in the order they run: `stages`, then `horizon_stages`."""
+        return self.stages + self.horizon_stages
 
 
 @dataclass(frozen=True)
@@ -419,7 +434,7 @@ def make_rules(specs: dict[str, ExperimentSpec]) -> str:
     for name, spec in specs.items():
         lines += ["", f"{name}: install"]
         if spec.tuning:
-            lines += [line for stage in spec.tuning.stages for line in (
+            lines += [line for stage in spec.tuning.every_stage for line in (
                 f"\t$(PY) -m lowcomm.repro.experiment {spec.config} {stage} --out $(OUT) $(if $(FORCE),--force) "
                 "$(if $(SAME_COMMIT),--same-commit)",
                 "\t$(MAKE) --no-print-directory tune")]

@@ -5,11 +5,13 @@ train.schedule_steps or train.steps), a grid of peak lr spaced by a factor of 2 
 final validation loss wins (a diverged run counts as +inf). Each grid point carries its mean, its spread over seeds
 and its paired interval to the winner (lowcomm.repro.stats); the choice is a tie where a neighbouring point's interval
 contains 0. A winner on an edge of its grid is not chosen: the command names the point to add, and the sweep
-resumes with it. A later stage replaces an earlier one's choice. The Muon and Dion rows train their non-matrix
+resumes with it. A later stage replaces an earlier one's choice; a horizon stage's choice (`horizon_stages`) replaces
+nothing and serves only the runs whose lr schedule has its length. The Muon and Dion rows train their non-matrix
 parameters (embeddings, norms) at `adamw_lr`, ddp's tuned lr.
 
 Writes experiments/tuned_lr.yaml (read by the experiment runner through `tuned: [lr, adamw_lr]`; each lr with the
-horizon it was chosen at) and results/lr_sweep/chosen.csv (one row per method, stage and grid point).
+horizon it was chosen at, and `lr_at_horizon`: the horizon stages' lrs keyed by steps) and results/lr_sweep/chosen.csv
+(one row per method, stage and grid point).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -62,9 +65,23 @@ def has_nonmatrix_lr(method: str) -> bool:
     return any(f.name == "adamw_lr" for f in dataclasses.fields(OPTIMIZERS[name].options))
 
 
-def tuned_overrides(method: str | None, keys: list[str], path: Path | None = None) -> list[str]:
-    """`optim.lr=<tuned lr of method>` and `optim.adamw_lr=<tuned non-matrix lr>` (where the method's optimizer
-    has that option), for the requested `keys`; a ConfigError names what is missing and how to make it."""
+def tuned_lr(tuned: dict, method: str, horizon: Callable[[], int]) -> tuple[float, int] | None:
+    """(lr, the horizon it was tuned at) for a run of `method` whose lr schedule is `horizon()` steps long: the lr
+    tuned at that horizon (`lr_at_horizon`) where the file has one, else the method's `lr`; None where it has
+    neither. `horizon` is called only where the file holds an lr at some horizon for the method."""
+    at = {steps: lrs[method] for steps, lrs in tuned.get("lr_at_horizon", {}).items() if method in lrs}
+    if at and (steps := horizon()) in at:
+        return at[steps], steps
+    if method not in tuned.get("lr", {}):
+        return None
+    return tuned["lr"][method], tuned.get("horizon", {}).get(method)
+
+
+def tuned_overrides(method: str | None, keys: list[str], path: Path | None = None,
+                    horizon: Callable[[], int] | None = None) -> list[str]:
+    """`optim.lr=<tuned lr of method>` (at the run's horizon where the file has one: tuned_lr) and
+    `optim.adamw_lr=<tuned non-matrix lr>` (where the method's optimizer has that option), for the requested `keys`;
+    a ConfigError names what is missing and how to make it."""
     unknown = sorted(set(keys) - set(TUNED_KEYS))
     if unknown:
         raise ConfigError(f"tuned: {unknown} are not tuned values: use a subset of {list(TUNED_KEYS)}")
@@ -77,9 +94,10 @@ def tuned_overrides(method: str | None, keys: list[str], path: Path | None = Non
     fix = "run the lr sweep and `make tune`, or name optim.lr in the experiment config"
     out = []
     if "lr" in keys:
-        if method not in tuned.get("lr", {}):
+        found = tuned_lr(tuned, method, horizon or (lambda: None))
+        if found is None:
             raise ConfigError(f"{path.name} has no tuned lr for method {method}: {fix}")
-        out.append(f"optim.lr={tuned['lr'][method]}")
+        out.append(f"optim.lr={found[0]}")
     if "adamw_lr" in keys and has_nonmatrix_lr(method):
         if "adamw_lr" not in tuned:
             raise ConfigError(f"{path.name} has no adamw_lr (the lr of the non-matrix parameters): {fix}")
@@ -133,10 +151,10 @@ def choose(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def choices(store: ResultsStore, sweep: ExperimentSpec, stages: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """Every grid point of every method at every stage (the sweep's own stages by default) and horizon found in the
-    store (choose's rows, with method, stage and horizon first)."""
+    """Every grid point of every method at every stage (the sweep's own stages and horizon stages by default) and
+    horizon found in the store (choose's rows, with method, stage and horizon first)."""
     frames = []
-    for stage in stages or sweep.tuning.stages:
+    for stage in stages or sweep.tuning.every_stage:
         stored = store.preset(sweep.name, stage)
         if not stored.has():
             continue
@@ -149,15 +167,22 @@ def choices(store: ResultsStore, sweep: ExperimentSpec, stages: tuple[str, ...] 
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def tuned_file(chosen: pd.DataFrame, nonmatrix_lr_from: str) -> dict:
-    """{lr: {method: lr}, horizon: {method: steps}, adamw_lr: the lr of `nonmatrix_lr_from`}: per method the choice
-    of its latest stage (and the horizon it was chosen at), unless on an edge."""
-    latest = chosen[chosen["chosen"]].groupby("method", sort=False).tail(1)
+def tuned_file(chosen: pd.DataFrame, nonmatrix_lr_from: str, horizon_stages: tuple[str, ...] = ()) -> dict:
+    """{lr: {method: lr}, horizon: {method: steps}, adamw_lr: the lr of `nonmatrix_lr_from`, lr_at_horizon: {steps:
+    {method: lr}}}: per method the choice of its latest stage (and the horizon it was chosen at), and per horizon
+    and method the choice of its latest horizon stage (where there is one), unless on an edge."""
+    winners = chosen[chosen["chosen"]]
+    at_horizon = winners["stage"].isin(horizon_stages)
+    latest = winners[~at_horizon].groupby("method", sort=False).tail(1)
     final = latest[latest["edge"] == ""]
     out: dict = {"lr": {m: float(lr) for m, lr in zip(final["method"], final["lr"])},
                  "horizon": {m: int(h) for m, h in zip(final["method"], final["horizon"])}}
     if nonmatrix_lr_from in out["lr"]:
         out["adamw_lr"] = out["lr"][nonmatrix_lr_from]
+    by_horizon = winners[at_horizon].groupby(["horizon", "method"], sort=False).tail(1)
+    by_horizon = by_horizon[by_horizon["edge"] == ""]
+    for steps, group in by_horizon.groupby("horizon"):
+        out.setdefault("lr_at_horizon", {})[int(steps)] = {m: float(lr) for m, lr in zip(group["method"], group["lr"])}
     return out
 
 
@@ -165,7 +190,8 @@ HEADER = """# Generated from results/{name}/ (stages {stages}; per method: resul
 #   python -m lowcomm.repro.tuning{options}
 # Do not edit: extend the sweep and run the command again. The protocol: experiments/{name}/README.md.
 # lr: each method's peak lr; horizon: the lr schedule's length (steps) it was chosen at; adamw_lr: the lr of the
-# non-matrix parameters in the Muon and Dion rows ({nonmatrix}'s lr).
+# non-matrix parameters in the Muon and Dion rows ({nonmatrix}'s lr); lr_at_horizon (where a horizon stage has chosen):
+# per schedule length, the lr a run of that length takes instead of its method's lr.
 """
 SHOWN = ["method", "stage", "horizon", "lr", "seeds", "mean", "std", "diff_to_winner", "ci_low", "ci_high", "chosen",
          "tie", "edge"]
@@ -183,11 +209,11 @@ def main(argv: list[str] | None = None) -> None:
     with counting_skipped():
         try:
             sweep = tuning_sweep()
-            stages = tuple(args.stages.split(",")) if args.stages else sweep.tuning.stages
-            unknown = sorted(set(stages) - set(sweep.tuning.stages))
+            stages = tuple(args.stages.split(",")) if args.stages else sweep.tuning.every_stage
+            unknown = sorted(set(stages) - set(sweep.tuning.every_stage))
             if unknown:
                 raise ConfigError(f"--stages {unknown} are not stages of {sweep.name}: use some of "
-                                  f"{list(sweep.tuning.stages)}")
+                                  f"{list(sweep.tuning.every_stage)}")
             if args.stages and args.out.resolve() == TUNED_FILE.resolve():
                 raise ConfigError(f"--stages writes an earlier protocol's choice: give --out another file than "
                                   f"{TUNED_FILE} (e.g. {versioned('v1')})")
@@ -211,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
                       + [f" --out {args.out}"] * (args.out.resolve() != TUNED_FILE.resolve()))
     header = HEADER.format(name=sweep.name, nonmatrix=sweep.tuning.nonmatrix_lr_from, options=options,
                            stages=", ".join(dict.fromkeys(chosen["stage"])))
-    args.out.write_text(header + yaml.safe_dump(tuned_file(chosen, sweep.tuning.nonmatrix_lr_from), sort_keys=False))
+    choice = tuned_file(chosen, sweep.tuning.nonmatrix_lr_from, sweep.tuning.horizon_stages)
+    args.out.write_text(header + yaml.safe_dump(choice, sort_keys=False))
     print(f"wrote {args.out}")
 
 
