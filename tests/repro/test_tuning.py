@@ -127,6 +127,7 @@ def test_tuned_overrides_name_the_missing_entry_and_skip_adamw_lr_where_there_is
         tuned_overrides("lordo", ["lr"], path)
     with pytest.raises(ConfigError, match="not tuned values"):
         tuned_overrides("ddp", ["omega"], path)
+    assert RunSpec("x", ("optim.lr=1", "method=ddp", "method=lordo")).method == "lordo"
 
 
 def test_a_run_takes_the_lr_tuned_at_its_own_horizon_where_the_file_has_one(tmp_path):
@@ -138,7 +139,7 @@ def test_a_run_takes_the_lr_tuned_at_its_own_horizon_where_the_file_has_one(tmp_
     assert tuned_overrides("ddp", ["lr"], path, lambda: 256) == ["optim.lr=0.012"]
     assert tuned_overrides("ddp", ["lr"], path, lambda: 1024) == ["optim.lr=0.006"]
     assert tuned_overrides("lordo", ["lr"], path, lambda: 256) == ["optim.lr=0.024"]
-    with pytest.raises(ConfigError, match="no tuned lr for method lordo"):
+    with pytest.raises(ConfigError, match=r"method lordo \(only at \[256\] steps, not at this run's 1024\)"):
         tuned_overrides("lordo", ["lr"], path, lambda: 1024)
 
     def unresolved() -> int:
@@ -146,7 +147,24 @@ def test_a_run_takes_the_lr_tuned_at_its_own_horizon_where_the_file_has_one(tmp_
 
     assert tuned_overrides("muon", ["lr"], path, unresolved) == ["optim.lr=0.04"]
     assert tuning.tuned_lr(yaml.safe_load(path.read_text()), "ddp", lambda: 256) == (0.012, 256)
-    assert RunSpec("x", ("optim.lr=1", "method=ddp", "method=lordo")).method == "lordo"
+
+
+def test_the_runner_gives_each_run_the_lr_of_its_own_schedule_length(tuned):
+    """horizon's cpu preset sweeps train.steps over 256-2048: with lordo tuned at 256 steps, its 256-step rows take
+    that lr and its other rows lordo's lr; ddp, tuned at no horizon of its own, takes its lr at every length."""
+    spec = load_spec(ROOT / "experiments" / "horizon" / "config.yaml")
+    for path in tuned.parent.glob("tuned_lr*.yaml"):  # the preset's file, whichever version it names
+        path.write_text(yaml.safe_dump({"lr": {"lordo": 0.01, "ddp": 0.003, "lowrank_ddp": 0.02, "local_adam": 0.003,
+                                               "lordo_local": 0.01}, "adamw_lr": 0.003,
+                                        "lr_at_horizon": {256: {"lordo": 0.05}}}))
+    seen = set()
+    for run in experiment_grid(spec, "cpu"):
+        steps, method = int(named(run.overrides, "train.steps")), spec.run(run.method).method
+        if method in ("lordo", "ddp") and run.label.startswith(f"{method}_steps"):
+            expected = 0.05 if (method, steps) == ("lordo", 256) else {"lordo": 0.01, "ddp": 0.003}[method]
+            assert named(run.overrides, "optim.lr") == expected, run.name
+            seen.add((method, steps))
+    assert seen == {(m, s) for m in ("lordo", "ddp") for s in (256, 512, 1024, 2048)}
 
 
 def points(lrs: list[float], losses: list[list[float]]) -> pd.DataFrame:
@@ -198,6 +216,11 @@ def test_a_horizon_stage_keys_its_choice_by_steps_and_replaces_no_methods_lr():
     assert tuned_file(chosen, "ddp", ("short", "shorter")) == {
         "lr": {"lordo": 1.2e-2}, "horizon": {"lordo": 1024},
         "lr_at_horizon": {128: {"lordo": 3e-3}, 256: {"lordo": 6e-3, "lowrank_ddp": 2.4e-2}}}
+    later = pd.DataFrame([{**row, "method": "lordo", "stage": "again", "horizon": 256, "lr": 1.2e-2},
+                          {**row, "method": "lowrank_ddp", "stage": "again", "horizon": 256, "lr": 4.8e-2,
+                           "edge": "high"}])  # a later horizon stage at 256: it replaces, and its edge leaves out
+    assert tuned_file(pd.concat([chosen, later]), "ddp", ("short", "shorter", "again"))["lr_at_horizon"] == {
+        128: {"lordo": 3e-3}, 256: {"lordo": 1.2e-2}}
 
 
 def test_lr_sweep_smoke_keeps_a_diverged_run_as_a_result(tmp_path):

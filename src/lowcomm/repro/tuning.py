@@ -65,11 +65,12 @@ def has_nonmatrix_lr(method: str) -> bool:
     return any(f.name == "adamw_lr" for f in dataclasses.fields(OPTIMIZERS[name].options))
 
 
-def tuned_lr(tuned: dict, method: str, horizon: Callable[[], int]) -> tuple[float, int] | None:
+def tuned_lr(tuned: dict, method: str, horizon: Callable[[], int | None]) -> tuple[float, int | None] | None:
     """(lr, the horizon it was tuned at) for a run of `method` whose lr schedule is `horizon()` steps long: the lr
-    tuned at that horizon (`lr_at_horizon`) where the file has one, else the method's `lr`; None where it has
-    neither. `horizon` is called only where the file holds an lr at some horizon for the method."""
-    at = {steps: lrs[method] for steps, lrs in tuned.get("lr_at_horizon", {}).items() if method in lrs}
+    tuned at that horizon (`lr_at_horizon`, whatever the order of the stages) where the file has one, else the
+    method's `lr`; None where it has neither. `horizon` is called only where the file holds an lr at some horizon for
+    the method."""
+    at = {int(steps): lrs[method] for steps, lrs in tuned.get("lr_at_horizon", {}).items() if method in lrs}
     if at and (steps := horizon()) in at:
         return at[steps], steps
     if method not in tuned.get("lr", {}):
@@ -96,7 +97,9 @@ def tuned_overrides(method: str | None, keys: list[str], path: Path | None = Non
     if "lr" in keys:
         found = tuned_lr(tuned, method, horizon or (lambda: None))
         if found is None:
-            raise ConfigError(f"{path.name} has no tuned lr for method {method}: {fix}")
+            at = sorted(int(s) for s, lrs in tuned.get("lr_at_horizon", {}).items() if method in lrs)
+            only = f" (only at {at} steps, not at this run's {horizon()})" if at and horizon else ""
+            raise ConfigError(f"{path.name} has no tuned lr for method {method}{only}: {fix}")
         out.append(f"optim.lr={found[0]}")
     if "adamw_lr" in keys and has_nonmatrix_lr(method):
         if "adamw_lr" not in tuned:
@@ -167,20 +170,24 @@ def choices(store: ResultsStore, sweep: ExperimentSpec, stages: tuple[str, ...] 
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def tuned_file(chosen: pd.DataFrame, nonmatrix_lr_from: str, horizon_stages: tuple[str, ...] = ()) -> dict:
-    """{lr: {method: lr}, horizon: {method: steps}, adamw_lr: the lr of `nonmatrix_lr_from`, lr_at_horizon: {steps:
-    {method: lr}}}: per method the choice of its latest stage (and the horizon it was chosen at), and per horizon
-    and method the choice of its latest horizon stage (where there is one), unless on an edge."""
+def latest_winners(chosen: pd.DataFrame, horizon_stages: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The winners that stand (edges included): per method, that of its latest stage; per horizon and method, that of
+    its latest horizon stage."""
     winners = chosen[chosen["chosen"]]
     at_horizon = winners["stage"].isin(horizon_stages)
-    latest = winners[~at_horizon].groupby("method", sort=False).tail(1)
-    final = latest[latest["edge"] == ""]
-    out: dict = {"lr": {m: float(lr) for m, lr in zip(final["method"], final["lr"])},
-                 "horizon": {m: int(h) for m, h in zip(final["method"], final["horizon"])}}
+    return (winners[~at_horizon].groupby("method", sort=False).tail(1),
+            winners[at_horizon].groupby(["horizon", "method"], sort=False).tail(1))
+
+
+def tuned_file(chosen: pd.DataFrame, nonmatrix_lr_from: str, horizon_stages: tuple[str, ...] = ()) -> dict:
+    """{lr: {method: lr}, horizon: {method: steps}, adamw_lr: the lr of `nonmatrix_lr_from`, lr_at_horizon: {steps:
+    {method: lr}}}: the latest winners (latest_winners) that do not lie on an edge; a horizon stage's winner on an
+    edge leaves its method at its `lr` for that horizon, as a stage's does."""
+    latest, by_horizon = (w[w["edge"] == ""] for w in latest_winners(chosen, horizon_stages))
+    out: dict = {"lr": {m: float(lr) for m, lr in zip(latest["method"], latest["lr"])},
+                 "horizon": {m: int(h) for m, h in zip(latest["method"], latest["horizon"])}}
     if nonmatrix_lr_from in out["lr"]:
         out["adamw_lr"] = out["lr"][nonmatrix_lr_from]
-    by_horizon = winners[at_horizon].groupby(["horizon", "method"], sort=False).tail(1)
-    by_horizon = by_horizon[by_horizon["edge"] == ""]
     for steps, group in by_horizon.groupby("horizon"):
         out.setdefault("lr_at_horizon", {})[int(steps)] = {m: float(lr) for m, lr in zip(group["method"], group["lr"])}
     return out
@@ -202,8 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=RESULTS, help="the results store the sweep lies in")
     parser.add_argument("--out", type=Path, default=TUNED_FILE, help="the tuned file to write")
     parser.add_argument("--stages", help="some of the sweep's stages, in order (default: its config's "
-                        "tuning.stages), for an earlier protocol's file: needs --out another file than the tuned one, "
-                        "and leaves results/<sweep>/chosen.csv (every stage) as it is")
+                        "tuning.stages, then its tuning.horizon_stages), for an earlier protocol's file: needs --out "
+                        "another file than the tuned one, and leaves results/<sweep>/chosen.csv (every stage) as it is")
     args = parser.parse_args(argv)
     store = ResultsStore(args.results)
     with counting_skipped():
@@ -226,12 +233,11 @@ def main(argv: list[str] | None = None) -> None:
     if not args.stages:
         chosen.to_csv(store.experiment_dir(sweep.name) / "chosen.csv", index=False)
     print(chosen[SHOWN].to_markdown(index=False, floatfmt=".4g"))
-    winners = chosen[chosen["chosen"]].groupby("method", sort=False).tail(1)
-    for _, row in winners.iterrows():
+    for _, row in pd.concat(latest_winners(chosen, sweep.tuning.horizon_stages)).iterrows():
         if row["edge"]:
-            print(f"{row['method']}: the best lr {row['lr']:g} at {row['horizon']} steps lies on the {row['edge']} edge "
-                  f"of its {row['stage']} grid: add {row['add']:g} to its sweep values in "
-                  f"{sweep.config} and rerun")
+            print(f"{row['method']}: the best lr {row['lr']:g} at {row['horizon']} steps lies on the {row['edge']} "
+                  f"edge of its {row['stage']} grid: add {row['add']:g} to its sweep values in {sweep.config} and "
+                  "rerun")
     options = "".join([f" --results {args.results}"] * (args.results.resolve() != RESULTS.resolve())
                       + [f" --stages {args.stages}"] * bool(args.stages)
                       + [f" --out {args.out}"] * (args.out.resolve() != TUNED_FILE.resolve()))
