@@ -4,7 +4,9 @@ choice follows the lowest loss and refuses an edge, and a diverged run is a resu
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -22,8 +24,9 @@ from lowcomm.repro.experiment import (
     resolved_config,
     stale_reason,
 )
-from lowcomm.repro.spec import RunSpec, load_spec
+from lowcomm.repro.spec import RunSpec, load_spec, tuning_sweep
 from lowcomm.repro.stats import paired_difference
+from lowcomm.repro.store import ResultsStore
 from lowcomm.repro.tuning import choose, tuned_file, tuned_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -294,3 +297,21 @@ def test_the_code_form_is_compared_with_the_summary_forms_beta_one():
     c = build_tables(spec, results)["comparisons"]
     assert list(zip(c["a"], c["b"])) == [("dion_summary_beta0.1", "dion_summary_beta1.0"),
                                          ("dion_code_beta0.1", "dion_summary_beta1.0")]
+
+
+def test_the_stored_choice_is_what_the_stored_sweep_gives():
+    """results/lr_sweep/chosen.csv, experiments/tuned_lr.yaml and every earlier protocol's file (from the stages its
+    header's command names) are what `python -m lowcomm.repro.tuning` writes from the stored lr_sweep runs."""
+    sweep, store = tuning_sweep(), ResultsStore(ROOT / "results")
+    chosen = tuning.choices(store, sweep)
+    written = io.StringIO()
+    chosen.to_csv(written, index=False)
+    written.seek(0)
+    pd.testing.assert_frame_equal(pd.read_csv(written), pd.read_csv(store.experiment_dir(sweep.name) / "chosen.csv"))
+    args = (sweep.tuning.nonmatrix_lr_from, sweep.tuning.horizon_stages)
+    assert tuned_file(chosen, *args) == tuning.load_tuned(ROOT / "experiments" / "tuned_lr.yaml")
+    earlier = sorted(ROOT.glob("experiments/tuned_lr_*.yaml"))
+    assert earlier, "protocol v1's file is stored"
+    for path in earlier:
+        stages = re.search(r"--stages (\S+)", path.read_text()).group(1).split(",")
+        assert tuned_file(tuning.choices(store, sweep, tuple(stages)), *args) == tuning.load_tuned(path), path.name
