@@ -110,7 +110,7 @@ def experiment_grid(spec: ExperimentSpec, preset: str, seeds: list[int] | None =
     if not seeds:
         raise ConfigError(f"{spec.name}: preset {preset} has no seeds: list them in presets.{preset}.seeds "
                           "or give --seeds 0,1")
-    runs = []
+    runs, tuned_file = [], tuned_path(p.tuned_from)
     for run in spec.runs:
         if p.labels is not None and run.label not in p.labels:
             continue
@@ -121,7 +121,7 @@ def experiment_grid(spec: ExperimentSpec, preset: str, seeds: list[int] | None =
             head = (*shared_overrides(preset), *p.overrides)
             tail = (*p.method_overrides.get(run.method, ()), *run.overrides, *swept,
                     *p.run_overrides.get(run.label, ()), *extra)
-            tuned = tuned_overrides(run.method, list(p.tuned), tuned_path(p.tuned_from),
+            tuned = tuned_overrides(run.method, list(p.tuned), tuned_file,
                                     lambda: horizon_of(load_config(spec.base, [*head, *tail])))
             data_seed = run.data_seed
             own = seeds if given else list(p.run_seeds.get(run.label, seeds))

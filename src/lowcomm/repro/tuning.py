@@ -65,12 +65,17 @@ def has_nonmatrix_lr(method: str) -> bool:
     return any(f.name == "adamw_lr" for f in dataclasses.fields(OPTIMIZERS[name].options))
 
 
+def lrs_at_horizons(tuned: dict, method: str) -> dict[int, float]:
+    """{steps: lr}: the lrs a horizon stage tuned for `method` (the file's `lr_at_horizon`)."""
+    return {int(steps): lrs[method] for steps, lrs in tuned.get("lr_at_horizon", {}).items() if method in lrs}
+
+
 def tuned_lr(tuned: dict, method: str, horizon: Callable[[], int | None]) -> tuple[float, int | None] | None:
     """(lr, the horizon it was tuned at) for a run of `method` whose lr schedule is `horizon()` steps long: the lr
     tuned at that horizon (`lr_at_horizon`, whatever the order of the stages) where the file has one, else the
     method's `lr`; None where it has neither. `horizon` is called only where the file holds an lr at some horizon for
     the method."""
-    at = {int(steps): lrs[method] for steps, lrs in tuned.get("lr_at_horizon", {}).items() if method in lrs}
+    at = lrs_at_horizons(tuned, method)
     if at and (steps := horizon()) in at:
         return at[steps], steps
     if method not in tuned.get("lr", {}):
@@ -97,7 +102,7 @@ def tuned_overrides(method: str | None, keys: list[str], path: Path | None = Non
     if "lr" in keys:
         found = tuned_lr(tuned, method, horizon or (lambda: None))
         if found is None:
-            at = sorted(int(s) for s, lrs in tuned.get("lr_at_horizon", {}).items() if method in lrs)
+            at = sorted(lrs_at_horizons(tuned, method))
             only = f" (only at {at} steps, not at this run's {horizon()})" if at and horizon else ""
             raise ConfigError(f"{path.name} has no tuned lr for method {method}{only}: {fix}")
         out.append(f"optim.lr={found[0]}")
