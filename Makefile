@@ -55,15 +55,17 @@ bench: install
 #   OUT=runs (default: a user's run, in the ignored runs/, printed beside the stored results/)
 #   OUT=results (the stored results: the maintainers' path)
 #   SEEDS=0,1 (default: one seed into runs/, every seed of the preset into results/)
+#   LABELS=a,b (only these rows of the preset; default: all)
 #   FORCE=1 (rerun runs that could be reused)
 #   SAME_COMMIT=1 (reuse only runs made at this clean checkout's commit: a table's runs from one commit)
 PRESET ?= cpu
 OUT    ?= runs
 SEEDS  ?= $(if $(filter results,$(OUT)),,0)
+LABELS ?=
 FORCE  ?=
 SAME_COMMIT ?=
 run_experiment = $(PY) -m lowcomm.repro.experiment experiments/$(1)/config.yaml $(PRESET) --out $(OUT) \
-	$(if $(SEEDS),--seeds $(SEEDS)) $(if $(FORCE),--force) $(if $(SAME_COMMIT),--same-commit)
+	$(if $(SEEDS),--seeds $(SEEDS)) $(if $(LABELS),--labels $(LABELS)) $(if $(FORCE),--force) $(if $(SAME_COMMIT),--same-commit)
 
 communication: accounting
 

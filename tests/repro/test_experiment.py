@@ -72,6 +72,17 @@ def test_grid_expands_runs_sweep_values_and_seeds_with_caps(spec_path):
     assert (cfg.model.size, cfg.train.steps, cfg.optim.rank, cfg.optim.lr) == ("smoke", 8, 4, 1e-2)
 
 
+def test_given_labels_keep_only_those_rows_of_the_preset_and_a_label_it_lacks_is_named(spec_path):
+    spec = load_spec(spec_path)
+    names = [r.name for r in experiment_grid(spec, "cpu", labels=["lordo_local"])]
+    assert names == ["lordo_local_r8-s0", "lordo_local_r16-s0"]
+    assert [r.name for r in experiment_grid(spec, "cpu", seeds=[5], labels=["lordo"])] == ["lordo_r8-s5",
+                                                                                          "lordo_r16-s5"]
+    with pytest.raises(ConfigError, match=r"preset smoke has no run labels \['lordo_local'\]: its labels are "
+                                          r"\['lordo'\]"):
+        experiment_grid(spec, "smoke", labels=["lordo_local"])
+
+
 def test_run_seeds_give_one_run_more_seeds_in_a_preset_and_given_seeds_replace_them(spec_path):
     spec_path.write_text(SPEC.replace("    run_overrides:", "    run_seeds: {lordo: [0, 1, 2, 3, 4]}\n"
                                       "    run_overrides:"))

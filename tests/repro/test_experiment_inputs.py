@@ -21,6 +21,7 @@ def test_experiment_help_prints_the_usage(capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["--seeds", ","], "preset smoke has no seeds"),
+    (["--labels", "ddp,muon"], "preset smoke has no run labels ['muon']: its labels are ['ddp', 'lordo']"),
     (["--out", "{out}", "train.warmup=100"], "train.warmup=100"),  # overrides after --out, as the usage line shows
 ])
 def test_experiment_command_line(argv, words, tmp_path):

@@ -1,5 +1,5 @@
-"""`python -m lowcomm.repro.experiment experiments/<name>/config.yaml [preset] [--out DIR] [--seeds 0,1] [--force]
-[--tables-only] [key=value ...]`: run an experiment's grid (runs x sweep values x seeds) with
+"""`python -m lowcomm.repro.experiment experiments/<name>/config.yaml [preset] [--out DIR] [--seeds 0,1]
+[--labels a,b] [--force] [--tables-only] [key=value ...]`: run an experiment's grid (runs x sweep values x seeds) with
 `lowcomm.training.train` into <out>/<name>/<preset>/runs/<label>-s<seed>/, then aggregate the run records into <out>/<name>/<preset>/table.csv
 (one row per label; comparisons.csv where the table compares rows) and table.md. When <out> is not the stored
 results/, the table is printed beside the stored reference results/<name>/<preset>/ with a verdict per row.
@@ -102,17 +102,21 @@ def sweep_values(spec: ExperimentSpec, preset: PresetSpec, run: RunSpec) -> list
 
 
 def experiment_grid(spec: ExperimentSpec, preset: str, seeds: list[int] | None = None,
-                    extra: list[str] = ()) -> list[GridRun]:
+                    extra: list[str] = (), labels: list[str] | None = None) -> list[GridRun]:
     """Every run of `preset`, in config order (runs, then sweep values, then seeds); `seeds` replaces the preset's
-    (and its runs' own, `run_seeds`)."""
+    (and its runs' own, `run_seeds`); `labels` keeps only those of the preset's run labels."""
     p = spec.preset(preset)
     given, seeds = seeds is not None, list(p.seeds if seeds is None else seeds)
     if not seeds:
         raise ConfigError(f"{spec.name}: preset {preset} has no seeds: list them in presets.{preset}.seeds "
                           "or give --seeds 0,1")
+    own_labels = [run.label for run in spec.runs if p.labels is None or run.label in p.labels]
+    unknown = [label for label in labels or () if label not in own_labels]
+    if unknown:
+        raise ConfigError(f"{spec.name}: preset {preset} has no run labels {unknown}: its labels are {own_labels}")
     runs, tuned_file = [], tuned_path(p.tuned_from)
     for run in spec.runs:
-        if p.labels is not None and run.label not in p.labels:
+        if run.label not in own_labels or labels is not None and run.label not in labels:
             continue
         for value in sweep_values(spec, p, run):
             swept = () if value is None else (f"{spec.sweep.key}={value}", *p.sweep_overrides.get(str(value), ()),
@@ -325,16 +329,17 @@ def train_into(run_dir: Path, cfg: DictConfig, keep_diverged: bool, index: int, 
 
 def run_experiment(path: str | Path, preset: str = "cpu", store: ResultsStore = ResultsStore(Path("runs")),
                    seeds: list[int] | None = None, force: bool = False, extra: list[str] = (),
-                   tables_only: bool = False, same_commit: bool = False) -> StoredPreset:
+                   tables_only: bool = False, same_commit: bool = False,
+                   labels: list[str] | None = None) -> StoredPreset:
     """Train every run of the grid that cannot be reused, then write the tables; returns the preset's place in the
     store. With tables_only, nothing trains: the tables are rebuilt from the stored runs (a run with a file that
     cannot be read left out), or a ConfigError names a run that is missing or stale. With same_commit, a run is
     reused or copied only when its record names this checkout's commit (every run of the preset from one commit; a
-    preset interrupted part-way resumes at the same commit)."""
+    preset interrupted part-way resumes at the same commit). `labels` trains and tables only those run labels."""
     commit = this_commit() if same_commit else None
     spec = load_spec(path)
     stored = store.preset(spec.name, preset)
-    grid = experiment_grid(spec, preset, seeds, list(extra))
+    grid = experiment_grid(spec, preset, seeds, list(extra), labels)
     if tables_only:
         grid = readable_grid(grid, stored.runs_dir)
     configs = [resolved_config(spec, run, stored.runs_dir) for run in grid]
@@ -527,6 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("rest", nargs="*", help="[preset] [key=value ...]")
     parser.add_argument("--out", default="runs", help="output directory (default runs/; results/ is the stored one)")
     parser.add_argument("--seeds", help="comma-separated seeds instead of the preset's (and of its run_seeds)")
+    parser.add_argument("--labels", help="comma-separated run labels: only these rows of the preset (the table too)")
     parser.add_argument("--force", action="store_true", help="rerun runs that could be reused")
     parser.add_argument("--same-commit", action="store_true",
                         help="reuse or copy only runs made at this checkout's commit (a clean one): every run of the "
@@ -544,8 +550,9 @@ def main(argv: list[str] | None = None) -> None:
         try:
             seeds = parse_seeds(args.seeds) if args.seeds else None
             store = ResultsStore(Path(args.out))
+            labels = [label for label in args.labels.split(",") if label.strip()] if args.labels else None
             stored = run_experiment(args.config, preset, store, seeds, args.force, extra, args.tables_only,
-                                    args.same_commit)
+                                    args.same_commit, labels)
             print_summary(stored, load_spec(args.config).table_of(preset))
             reference = ResultsStore()
             if store.root.resolve() != reference.root.resolve():
