@@ -21,7 +21,8 @@ def test_experiment_help_prints_the_usage(capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["--seeds", ","], "preset smoke has no seeds"),
-    (["--labels", "ddp,muon"], "preset smoke has no run labels ['muon']: its labels are ['ddp', 'lordo']"),
+    (["--labels", "ddp, muon"], "preset smoke has no run labels ['muon']: its labels are ['ddp', 'lordo']"),
+    (["--labels", ","], "--labels ',': give comma-separated run labels"),
     (["--out", "{out}", "train.warmup=100"], "train.warmup=100"),  # overrides after --out, as the usage line shows
 ])
 def test_experiment_command_line(argv, words, tmp_path):

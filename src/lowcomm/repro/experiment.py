@@ -526,6 +526,13 @@ def parse_seeds(text: str) -> list[int]:
         raise ConfigError(f"--seeds {text!r}: give comma-separated integers, e.g. --seeds 0,1") from None
 
 
+def parse_labels(text: str) -> list[str]:
+    labels = [label.strip() for label in text.split(",") if label.strip()]
+    if not labels:
+        raise ConfigError(f"--labels {text!r}: give comma-separated run labels, e.g. --labels ddp,lordo")
+    return labels
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=__doc__.split(":", 1)[0])
     parser.add_argument("config")
@@ -550,7 +557,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             seeds = parse_seeds(args.seeds) if args.seeds else None
             store = ResultsStore(Path(args.out))
-            labels = [label for label in args.labels.split(",") if label.strip()] if args.labels else None
+            labels = parse_labels(args.labels) if args.labels is not None else None
             stored = run_experiment(args.config, preset, store, seeds, args.force, extra, args.tables_only,
                                     args.same_commit, labels)
             print_summary(stored, load_spec(args.config).table_of(preset))
