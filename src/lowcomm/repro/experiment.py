@@ -529,7 +529,7 @@ def parse_seeds(text: str) -> list[int]:
 def parse_labels(text: str) -> list[str]:
     labels = [label.strip() for label in text.split(",") if label.strip()]
     if not labels:
-        raise ConfigError(f"--labels {text!r}: give comma-separated run labels, e.g. --labels ddp,lordo")
+        raise ConfigError(f"--labels {text!r}: give comma-separated run labels of the preset, e.g. --labels a,b")
     return labels
 
 
