@@ -61,7 +61,7 @@ def named(overrides: tuple[str, ...], key: str) -> float | None:
 BORROWS_ANOTHER_HORIZON = {
     ("batch_size_sensitivity", "cpu"): {"lordo", "lordo_local"},
     ("beta_sweep", "forms"): {"dion", "orth_dion"},
-    ("communication", "emulated"): {"ddp", "diloco", "dion", "local_adam", "lordo", "muloco", "muon"},
+    ("communication", "emulated"): {"ddp", "diloco", "dion", "local_adam", "lordo", "lowrank_ddp", "muloco", "muon"},
     ("horizon", "cpu"): {"ddp", "local_adam", "lordo", "lordo_local", "lowrank_ddp"},
     ("nu_measurement", "cpu"): {"dion", "orth_dion"},
     ("orthdion_convergence", "cpu"): {"ada_orth_dion", "ddp", "dion", "muon", "orth_dion"},
