@@ -59,13 +59,11 @@ def named(overrides: tuple[str, ...], key: str) -> float | None:
 # method: stored results made before the protocol's v2 (experiments/lr_sweep/README.md). Each leaves this list when
 # it moves to a tuned horizon or its horizon is tuned; no other preset may join it.
 BORROWS_ANOTHER_HORIZON = {
-    ("batch_size_sensitivity", "cpu"): {"lordo", "lordo_local"},
     ("beta_sweep", "forms"): {"dion", "orth_dion"},
     ("communication", "emulated"): {"ddp", "diloco", "dion", "local_adam", "lordo", "lowrank_ddp", "muloco", "muon"},
     ("horizon", "cpu"): {"ddp", "local_adam", "lordo", "lordo_local", "lowrank_ddp"},
     ("nu_measurement", "cpu"): {"dion", "orth_dion"},
     ("orthdion_convergence", "cpu"): {"ada_orth_dion", "ddp", "dion", "muon", "orth_dion"},
-    ("rank_sweep", "cpu"): {"lordo", "lordo_local", "lowrank_ddp"},
     ("spectral_local_steps", "cpu"): {"ddp", "diloco", "local_adam", "lordo", "lordo_orth_dion", "muloco", "muon",
                                       "orth_dion_local"},
     ("spectral_local_steps", "probe"): {"ddp", "diloco", "local_adam", "lordo", "lordo_orth_dion", "muloco", "muon",
