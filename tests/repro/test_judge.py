@@ -95,6 +95,12 @@ def test_paired_pairs_combine_and_min_seeds_holds_a_verdict_pending(tmp_path):
     assert judged(s, rule="lower", pairs=[["a", "c"]], min_seeds=5).verdict == \
         "pending: 3 of 5 paired seeds (not reproduced so far)"
     assert judged(s, rule="lower", pairs=[["c", "b"]], min_seeds=5).verdict == REPRODUCED
+    # several comparisons: merged first, then held while the one with the fewest seeds is short of min_seeds
+    assert judged(s, rule="lower", pairs=[["a", "b"], ["a", "c"]], min_seeds=5).verdict == \
+        "pending: 3 of 5 paired seeds (not reproduced so far)"
+    assert judged(s, rule="lower", pairs=[["c", "b"], ["a", "b"]], min_seeds=5).verdict == \
+        "pending: 3 of 5 paired seeds (reproduced so far)"
+    assert j.combine([REPRODUCED, "pending: 3 of 5 paired seeds (reproduced so far)"]) == PENDING
 
 
 def test_paired_sides_at_a_sweep_value_and_method_pairs_at_the_smallest_values(tmp_path):

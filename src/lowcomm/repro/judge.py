@@ -231,17 +231,20 @@ def outcome_of(c: pd.Series) -> str:
             TOO_FEW: NO_VERDICT}[c["verdict"]]
 
 
-def verdict_on_seeds(c: pd.Series, needed: int, got: str) -> str:
-    """`got` (the verdict of comparison c), held as pending while c rests on fewer than `needed` paired seeds."""
-    if c["n"] >= needed:
+def verdict_on_seeds(n: int, needed: int, got: str) -> str:
+    """`got` (a verdict resting on n paired seeds), held as pending while n is below `needed`."""
+    if n >= needed:
         return got
     so_far = "" if got == NO_VERDICT else f" ({got} so far)"
-    return f"pending: {int(c['n'])} of {needed} paired seeds{so_far}"
+    return f"{PENDING}: {n} of {needed} paired seeds{so_far}"
 
 
 def combine(verdicts: list[str]) -> str:
-    """All parts reproduced -> reproduced; any part not reproduced -> not reproduced; else the weakest part."""
-    for v in (PENDING, NOT_REPRODUCED, NO_VERDICT, INCONCLUSIVE, EQUIVALENT):
+    """All parts reproduced -> reproduced; any part pending (a part held below its seeds too) -> pending; any part not
+    reproduced -> not reproduced; else the weakest part."""
+    if any(v.startswith(PENDING) for v in verdicts):
+        return PENDING
+    for v in (NOT_REPRODUCED, NO_VERDICT, INCONCLUSIVE, EQUIVALENT):
         if v in verdicts:
             return v
     return REPRODUCED if verdicts else PENDING
@@ -391,13 +394,14 @@ def more_seeds_due(c: pd.Series, verdict: str) -> str:
 
 def paired(s: Stored, verdict: Callable[[pd.Series], str], pairs: list, metric: str, unit: str, min_seeds: int,
            smallest: int, merge: Callable[[list[str]], str] = combine) -> tuple[str, str]:
-    """The verdict of every comparison (pending below `min_seeds` paired seeds), merged, and the comparisons (each
-    with the n = 10 rule's call where it is due)."""
+    """The verdicts of the comparisons, merged, and held as pending while any comparison rests on fewer than
+    `min_seeds` paired seeds; and the comparisons (each with the n = 10 rule's call where it is due)."""
     found = compared(s, pairs, metric, smallest)
-    verdicts = [verdict_on_seeds(c, min_seeds, verdict(c)) for c in found]
+    verdicts = [verdict(c) for c in found]
     ours = "; ".join(f"{at_sweep(c) if smallest else ''}{diff_text(c, unit)}{more_seeds_due(c, v)}"
                      for c, v in zip(found, verdicts))
-    return (verdicts[0] if len(verdicts) == 1 else merge(verdicts)), ours
+    merged = verdicts[0] if len(verdicts) == 1 else merge(verdicts)
+    return verdict_on_seeds(min(int(c["n"]) for c in found), min_seeds, merged), ours
 
 
 def lower(s: Stored, *, pairs: list, metric: str = LOSS, unit: str = "nats", min_seeds: int = 0,
