@@ -372,6 +372,18 @@ def test_a_run_another_experiment_already_trained_is_copied_not_retrained(spec_p
     assert trained == [run.name, run.name] and "copied_from" not in json.loads((copied / "record.json").read_text())
 
 
+def test_given_labels_print_their_table_and_leave_the_presets_stored_tables_alone(spec_path, tmp_path, monkeypatch,
+                                                                                   capsys):
+    trained = stub_training(monkeypatch)
+    written = []
+    monkeypatch.setattr(experiment, "write_tables", lambda tables, params, out_dir: written.append(tables))
+    monkeypatch.setattr(experiment, "markdown", lambda tables, params: f"rows {[r.name for r in tables]}")
+    experiment.run_experiment(spec_path, "cpu", ResultsStore(tmp_path), labels=["lordo_local"])
+    assert written == [] and capsys.readouterr().out.splitlines()[-1] == f"rows {trained}"
+    experiment.run_experiment(spec_path, "cpu", ResultsStore(tmp_path))
+    assert len(written) == 1 and len(written[0]) == len(experiment_grid(load_spec(spec_path), "cpu"))
+
+
 @pytest.mark.parametrize("source_has, copied", [
     ({}, False),  # neither scores nor model: the experiment could not score it, so it is trained
     ({"downstream": {"heldout_passage_ending": {"acc": 0.5}}}, True),

@@ -1,7 +1,8 @@
 """`python -m lowcomm.repro.experiment experiments/<name>/config.yaml [preset] [--out DIR] [--seeds 0,1]
 [--labels a,b] [--force] [--tables-only] [key=value ...]`: run an experiment's grid (runs x sweep values x seeds) with
 `lowcomm.training.train` into <out>/<name>/<preset>/runs/<label>-s<seed>/, then aggregate the run records into <out>/<name>/<preset>/table.csv
-(one row per label; comparisons.csv where the table compares rows) and table.md. When <out> is not the stored
+(one row per label; comparisons.csv where the table compares rows) and table.md (with --labels, only those rows,
+their table printed and not written). When <out> is not the stored
 results/, the table is printed beside the stored reference results/<name>/<preset>/ with a verdict per row.
 
 The experiment config is parsed once into a lowcomm.repro.spec.ExperimentSpec (its format is there); results lie
@@ -335,7 +336,8 @@ def run_experiment(path: str | Path, preset: str = "cpu", store: ResultsStore = 
     store. With tables_only, nothing trains: the tables are rebuilt from the stored runs (a run with a file that
     cannot be read left out), or a ConfigError names a run that is missing or stale. With same_commit, a run is
     reused or copied only when its record names this checkout's commit (every run of the preset from one commit; a
-    preset interrupted part-way resumes at the same commit). `labels` trains and tables only those run labels."""
+    preset interrupted part-way resumes at the same commit). `labels` trains only those run labels and prints their
+    table instead of writing it: the preset's stored tables are those of all its rows."""
     commit = this_commit() if same_commit else None
     spec = load_spec(path)
     stored = store.preset(spec.name, preset)
@@ -378,7 +380,11 @@ def run_experiment(path: str | Path, preset: str = "cpu", store: ResultsStore = 
             evaluate_downstream(run_dir, tasks)
     results = readable(lambda run: RunResult.read(run.label, run.method, run.sweep_value, run.seed,
                                                   stored.run_dir(run.name)), grid)
-    write_tables(build_tables(table, results), table, stored.dir)
+    tables = build_tables(table, results)
+    if labels is None:
+        write_tables(tables, table, stored.dir)
+    else:
+        print(markdown(tables, table))
     return stored
 
 
@@ -539,7 +545,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("rest", nargs="*", help="[preset] [key=value ...]")
     parser.add_argument("--out", default="runs", help="output directory (default runs/; results/ is the stored one)")
     parser.add_argument("--seeds", help="comma-separated seeds instead of the preset's (and of its run_seeds)")
-    parser.add_argument("--labels", help="comma-separated run labels: only these rows of the preset (the table too)")
+    parser.add_argument("--labels", help="comma-separated run labels: only these rows of the preset (their table "
+                        "printed, not written)")
     parser.add_argument("--force", action="store_true", help="rerun runs that could be reused")
     parser.add_argument("--same-commit", action="store_true",
                         help="reuse or copy only runs made at this checkout's commit (a clean one): every run of the "
@@ -560,6 +567,8 @@ def main(argv: list[str] | None = None) -> None:
             labels = parse_labels(args.labels) if args.labels is not None else None
             stored = run_experiment(args.config, preset, store, seeds, args.force, extra, args.tables_only,
                                     args.same_commit, labels)
+            if labels is not None:
+                return  # the rows' table is printed; the preset's stored tables are of all its rows
             print_summary(stored, load_spec(args.config).table_of(preset))
             reference = ResultsStore()
             if store.root.resolve() != reference.root.resolve():
