@@ -66,6 +66,13 @@ def test_method_defaults():
     assert {cfg["name"] for cfg, _ in METHODS.values()} == set(SYNC_KINDS)
 
 
+def test_options_say_which_keys_their_sync_kind_acts_on():
+    diloco, averaged, ddp = (sync_options(cfg) for cfg in ({"name": "diloco"}, {"name": "local_adam"}, {"name": "ddp"}))
+    assert diloco.uses("outer_lr") and diloco.uses("outer_momentum") and diloco.uses("sync_every")
+    assert not averaged.uses("outer_lr") and averaged.uses("sync_every")
+    assert not ddp.uses("outer_momentum") and not ddp.uses("sync_every") and ddp.uses("compress")
+
+
 @pytest.mark.parametrize("method, sync, optim, match", [
     ("lordo", {}, {"name": "adamw"}, r"needs a low-rank optimizer"),
     ("lordo", {}, {"basis": "local"}, r"needs the low-rank groups' basis='external'"),

@@ -278,15 +278,16 @@ def test_choice_table_adds_the_features_it_names_and_refuses_an_unknown_one():
 
 def test_gap_table_gives_each_rows_paired_gap_to_its_baseline_in_nats_and_percent_beside_the_papers():
     """DiLoCo at M = 1 and 2 against ddp: per-seed differences (-0.1, -0.1, -0.1) and (0.1, 0.2, 0.3) over ddp's
-    mean 5.0; a row without a gap (ddp itself) has none, and each row shows its worker count."""
-    def config(devices):
+    mean 5.0; a row without a gap (ddp itself) has none, and each row shows its worker count and, where its sync
+    kind has one, its outer lr."""
+    def config(devices, sync):
         return {**CONFIG, "train": {"devices": devices, "num_nodes": 1}, "optim": {"name": "adamw"},
-                "sync": {"name": "diloco", "sync_every": 4}}
+                "sync": {"name": sync, "sync_every": 4}}
     finals = {("ddp", 4): [4.9, 5.0, 5.1, 6.0, 6.0], ("diloco_M1", 1): [4.8, 4.9, 5.0],
               ("diloco_M2", 2): [5.0, 5.2, 5.4]}  # ddp's seeds 3 and 4 pair with no row: its mean over 0-2 is 5.0
-    results = [run(label, seed, [8.0, loss], config=config(devices))
+    results = [run(label, seed, [8.0, loss], config=config(devices, label.split("_")[0]))
                for (label, devices), losses in finals.items() for seed, loss in enumerate(losses)]
-    spec = TableSpec.parse({"kind": "gap", "settings": ["train.devices"], "gaps": [["diloco_M1", "ddp"],
+    spec = TableSpec.parse({"kind": "gap", "settings": ["train.devices", "sync.outer_lr"], "gaps": [["diloco_M1", "ddp"],
                             ["diloco_M2", "ddp"]], "paper_pct": {"diloco_M1": -0.1, "diloco_M2": 0.7},
                             "compare": [["diloco_M2", "diloco_M1"]]})
     tables = build_tables(spec, results)
@@ -299,6 +300,7 @@ def test_gap_table_gives_each_rows_paired_gap_to_its_baseline_in_nats_and_percen
     assert m2["gap"] == pytest.approx(0.2) and m2["gap_high"] == pytest.approx(0.2 + half, rel=1e-5)
     assert m2["gap_pct_high"] == pytest.approx(100 * (0.2 + half) / 5.0, rel=1e-5)
     assert list(table["train.devices"]) == [4, 1, 2] and math.isnan(table.loc["ddp", "gap"])
+    assert math.isnan(table.loc["ddp", "sync.outer_lr"]) and m1["sync.outer_lr"] == 0.7
     assert table.loc["ddp", "final_val_loss"] == pytest.approx(5.4)
     comparisons = tables["comparisons"]
     assert list(comparisons["a"] + " - " + comparisons["b"]) == ["diloco_M1 - ddp", "diloco_M2 - ddp",

@@ -136,6 +136,13 @@ class SyncOptions:
         """Whether the low-rank matrices' gradients travel as projections Q^T G every step."""
         return self.kind.global_basis == "gradient" and self.lowrank_gradient == "projected"
 
+    def uses(self, key: str) -> bool:
+        """Whether the resolved options act on the `sync` key `key`: the outer lr and momentum only under the
+        "nesterov" outer step, K only on K-step kinds; every other key as given."""
+        if key in ("outer_lr", "outer_momentum"):
+            return self.outer == "nesterov"
+        return self.kind.k_step if key == "sync_every" else True
+
     def is_sync_step(self, step: int) -> bool:
         """Whether replicas hold identical weights after step `step`: every step for per-step methods, t % K == 0
         for K-step methods."""

@@ -280,11 +280,16 @@ def stagnation_table(results: list[RunResult], params: TableSpec) -> dict[str, p
 
 def config_setting(cfg: DictConfig, key: str) -> float | str:
     """The value of a dotted config key in a resolved run config, the optimizer's and the sync kind's defaults filled
-    in (`optim.omega`, `sync.outer_lr`, `train.devices`); a number as a float, a word as it is."""
+    in (`optim.omega`, `sync.outer_lr`, `train.devices`); a number as a float, a word as it is; NaN for a sync key
+    the run's sync kind does not act on (ddp's outer lr)."""
     section, name = key.split(".", 1)
     if section == "optim" and name != "name":
         return optimizer_setting(cfg, name)
-    value = getattr(parse_sections(cfg).sync, name) if section == "sync" else OmegaConf.select(cfg, key)
+    if section == "sync":
+        sync = parse_sections(cfg).sync
+        value = getattr(sync, name) if sync.uses(name) else math.nan
+    else:
+        value = OmegaConf.select(cfg, key)
     return value if isinstance(value, str) else float(value)
 
 
