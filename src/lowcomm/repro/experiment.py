@@ -161,19 +161,20 @@ def config_difference(stored: dict, resolved: dict, prefix: str = "") -> str | N
     return None
 
 
-def with_optimizer_defaults(tree: dict) -> dict:
-    """A config tree whose optim section lists every option of its optimizer, a key it lacks at the optimizer's
-    default (the value the run had): a stored run and a config naming that same value are the same run."""
-    options = dataclasses.asdict(parse_sections(tree).optim)
+def with_option_defaults(tree: dict) -> dict:
+    """A config tree whose optim and sync sections list every option of their optimizer and sync kind, a key they lack
+    at its default (the value the run had): a stored run and a config naming that same value are the same run."""
+    sections = parse_sections(tree)
+    options = dataclasses.asdict(sections.optim)
     optim = {"name": tree["optim"]["name"], **{k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}}
-    return {**tree, "optim": optim}
+    return {**tree, "optim": optim, "sync": dataclasses.asdict(sections.sync)}
 
 
 def comparable(tree: dict) -> dict:
-    """A config tree as runs are compared: on the optimizer's defaults, without run.out_dir and run.name (where a run
-    directory lies and what it is called is how it is found, not what was trained: `--out results` and
-    `--out /abs/path/results` train the same runs, and so do two experiments' labels for one config)."""
-    tree = with_optimizer_defaults(tree)
+    """A config tree as runs are compared: on the optimizer's and the sync kind's defaults, without run.out_dir and
+    run.name (where a run directory lies and what it is called is how it is found, not what was trained: `--out
+    results` and `--out /abs/path/results` train the same runs, and so do two experiments' labels for one config)."""
+    tree = with_option_defaults(tree)
     return {**tree, "run": {k: v for k, v in tree["run"].items() if k not in ("out_dir", "name")}}
 
 
