@@ -215,6 +215,10 @@ def test_a_run_is_reused_only_when_complete_with_the_same_config(spec_path, tmp_
     assert stale_reason(tmp_path / "complete", other) == "its config differs (optim.omega: stored 0.7, now 0.5)"
     same = resolved_config(spec, experiment_grid(spec, "cpu", extra=["optim.omega=0.7"])[0], tmp_path / "runs")
     assert stale_reason(tmp_path / "complete", same) is None  # naming the default value is the same run
+    for key, value, run_at in (("sync.outer_momentum", 0.9, None), ("sync.outer_momentum", 0.6, "0.9, now 0.6")):
+        named = resolved_config(spec, experiment_grid(spec, "cpu", extra=[f"{key}={value}"])[0], tmp_path / "runs")
+        expected = run_at and f"its config differs ({key}: stored {run_at})"
+        assert stale_reason(tmp_path / "complete", named) == expected  # the sync kind's defaults likewise
     moved = resolved_config(spec, run, tmp_path.resolve() / "elsewhere" / "runs")
     assert stale_reason(tmp_path / "complete", moved) is None  # run.out_dir is where it lies, not what it trained
 
