@@ -17,6 +17,7 @@ from support import SMOKE
 
 from lowcomm.config import load_config
 from lowcomm.training.command import RunEnded
+from lowcomm.training.lightning.launcher import write_line
 from lowcomm.training.train import main, train
 from lowcomm.training.validation import validate
 
@@ -160,6 +161,14 @@ def test_a_killed_worker_ends_the_run_and_its_checkpoint_resumes_it_exactly(tmp_
     for step in overlap:  # the killed run was uninterrupted up to the kill
         assert after[step] == pytest.approx(before[step], abs=1e-6)
     print(f"detected in {detected_s:.1f}s; steps lost {max(before) - start}; resumed to step {max(after)}")
+
+
+def test_a_workers_last_line_goes_out_in_one_write(monkeypatch):
+    """A worker killed between the text and the newline of its message would leave the parent's error on its line."""
+    writes = []
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append((fd, data)) or len(data))
+    write_line("rank 0: a collective failed: Connection reset by peer")
+    assert writes == [(2, b"rank 0: a collective failed: Connection reset by peer\n")]
 
 
 def test_a_nonfinite_loss_stops_the_run_with_a_diverged_record(tmp_path, capsys):

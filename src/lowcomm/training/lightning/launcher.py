@@ -52,6 +52,14 @@ def collective_error(err: BaseException) -> str:
     return re.sub(r"^\[[^\]]*\] ", "", str(err).splitlines()[0])
 
 
+def write_line(line: str) -> None:
+    """One line to standard error in a single write: a worker killed right after (its peer died, the parent kills
+    the rest) leaves no half line for the parent's message to continue (print writes text and newline apart where
+    standard error is unbuffered, as under PYTHONUNBUFFERED)."""
+    sys.stderr.flush()
+    os.write(2, f"{line}\n".encode(errors="backslashreplace"))
+
+
 def exit_description(exitcode: int | None) -> str:
     if exitcode is None:
         return "stopped responding (its peers' collectives failed or timed out)"
@@ -204,7 +212,7 @@ class SupervisedLauncher(MultiProcessingLauncher):
         except Exception as err:
             if not is_collective_failure(err):
                 raise
-            print(f"rank {process_idx}: a collective failed: {collective_error(err)}", file=sys.stderr, flush=True)
+            write_line(f"rank {process_idx}: a collective failed: {collective_error(err)}")
             sys.exit(COLLECTIVE_FAILED)
         multiprocessing.util._exit_function()  # what a forked worker runs before os._exit: finalizers, children
         sys.stdout.flush()
