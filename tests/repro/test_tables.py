@@ -24,6 +24,7 @@ from lowcomm.repro.tables import (
     per_run_frame,
     run_model,
     summarize,
+    table_of_rows,
 )
 
 CONFIG = {"data": {"batch_size": 4, "context": 10}, "train": {"devices": 2, "num_nodes": 1},
@@ -324,6 +325,19 @@ def test_a_table_spec_that_gives_a_row_two_baselines_leaves_out_a_need_or_misnam
                                                                                                        match):
     with pytest.raises(ConfigError, match=match):
         check_table(TableSpec.parse({"kind": "gap", **params}))
+
+
+def test_labels_keep_the_gaps_of_their_rows_and_need_their_baselines():
+    spec = TableSpec.parse({"kind": "gap", "settings": ["train.devices"], "gaps": [["m1", "ddp"], ["m4", "ddp"]],
+                            "paper_pct": {"m1": -0.1, "m4": 2.0}, "compare": [["m4", "m1"]]})
+    kept = table_of_rows(spec, ["m1", "ddp"])
+    assert kept["gaps"] == [["m1", "ddp"]] and kept["paper_pct"] == {"m1": -0.1}
+    assert kept["compare"] == [["m4", "m1"]]  # compare_rows skips a pair that lacks a row
+    with pytest.raises(ConfigError, match=r"--labels m4 leaves out \['ddp'\], .*: add it \(--labels m4,ddp\)"):
+        table_of_rows(spec, ["m4"])
+    with pytest.raises(ConfigError, match=r"--labels ddp keeps no row of the table's gaps: add one of \['m1', 'm4'\]"):
+        table_of_rows(spec, ["ddp"])
+    assert table_of_rows(TableSpec.parse({"kind": "methods"}), ["ddp"]) == TableSpec.parse({"kind": "methods"})
 
 
 def test_a_gap_that_names_a_label_no_run_has_is_named():

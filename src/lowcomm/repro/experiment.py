@@ -61,7 +61,14 @@ from lowcomm.repro.store import (
     run_name,
     seed_of,
 )
-from lowcomm.repro.tables import build_tables, check_table, compact_columns, downstream_sources, markdown
+from lowcomm.repro.tables import (
+    build_tables,
+    check_table,
+    compact_columns,
+    downstream_sources,
+    markdown,
+    table_of_rows,
+)
 from lowcomm.repro.tuning import horizon_of, tuned_overrides, tuned_path
 from lowcomm.stored import RERUN, StoredFileError, counting_skipped, read_config, readable, skip
 from lowcomm.training.run_dir import git_commit, read_record
@@ -346,7 +353,7 @@ def run_experiment(path: str | Path, preset: str = "cpu", store: ResultsStore = 
     if tables_only:
         grid = readable_grid(grid, stored.runs_dir)
     configs = [resolved_config(spec, run, stored.runs_dir) for run in grid]
-    table = spec.table_of(preset)
+    table = spec.table_of(preset) if labels is None else table_of_rows(spec.table_of(preset), labels)
     check_table(table)  # the table spec and every run validated before the first one starts
     for cfg in configs:
         validate(cfg)

@@ -44,7 +44,7 @@ from lowcomm.eval.local_tasks import LOCAL_SUFFIX
 from lowcomm.eval.tasks import OFFLINE_TASK
 from lowcomm.optim.dion import fixed_rank
 from lowcomm.optim.lowrank_adam import resolve_rank
-from lowcomm.repro.spec import TableSpec
+from lowcomm.repro.spec import TableSpec, frozen_map
 from lowcomm.repro.stats import against_best, paired_difference, sample_std
 from lowcomm.repro.store import RunResult, commits_named
 
@@ -733,6 +733,23 @@ def check_table(spec: TableSpec) -> TableKind:
     if len(rows) != len(set(rows)):
         raise ConfigError(f"table.gaps gives a row more than one baseline ({rows}): one pair per row")
     return kind
+
+
+def table_of_rows(spec: TableSpec, labels: list[str]) -> TableSpec:
+    """The spec for a table of the rows `labels` only (the runner's --labels): a gap table keeps the gaps and paper
+    numbers of those rows, or a ConfigError names a kept row's baseline that `labels` leaves out."""
+    if "gaps" not in spec:
+        return spec
+    gaps = [pair for pair in spec["gaps"] if pair[0] in labels]
+    if not gaps:
+        raise ConfigError(f"--labels {','.join(labels)} keeps no row of the table's gaps: add one of "
+                          f"{[a for a, _ in spec['gaps']]}")
+    left_out = sorted({b for _, b in gaps} - set(labels))
+    if left_out:
+        raise ConfigError(f"--labels {','.join(labels)} leaves out {left_out}, the baseline of a gap the table shows: "
+                          f"add it (--labels {','.join([*labels, *left_out])})")
+    paper = {a: pct for a, pct in spec.get("paper_pct", {}).items() if a in labels}
+    return dataclasses.replace(spec, params=frozen_map({**spec.params, "gaps": gaps, "paper_pct": paper}))
 
 
 def build_tables(spec: TableSpec, results: list[RunResult]) -> dict[str, pd.DataFrame]:
