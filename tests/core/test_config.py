@@ -7,10 +7,11 @@ import pickle
 import pytest
 from omegaconf import OmegaConf
 
-from lowcomm.config import ConfigError, load_config, run_config
+from lowcomm.config import Config, ConfigError, load_config, run_config, with_defaults
 from lowcomm.distributed.options import SyncOptions
 from lowcomm.model import model_config
 from lowcomm.optim.lowrank_adam import LowRankAdamOptions
+from lowcomm.stored import read_config_tree
 
 LORDO = ["model.size=smoke", "sync.name=lordo", "sync.sync_every=8", "optim.name=lordo_local_step", "optim.rank=4"]
 
@@ -53,3 +54,19 @@ def test_a_bad_value_names_its_key(override, message):
 def test_its_tree_writes_the_yaml_of_the_loaded_config():
     loaded = load_config(None, LORDO + ["run.loggers=[csv,tensorboard]", "optim.betas=[0.9,0.99]", "optim.lr=3e-3"])
     assert OmegaConf.to_yaml(run_config(loaded).tree) == OmegaConf.to_yaml(loaded)
+
+
+def test_a_stored_config_reads_back_as_omegaconf_reads_it_and_takes_the_schemas_defaults(tmp_path):
+    """read_config_tree against OmegaConf.load, and with_defaults against a merge onto the schema, on the config of
+    a run with small, large and whole floats, lists and nulls, and with keys taken out of three sections."""
+    loaded = load_config(None, LORDO + ["optim.lr=3e-5", "optim.betas=[0.9,0.99]", "train.steps=4", "optim.eps=1e-12",
+                                        "run.loggers=[csv,tensorboard]", "train.clip=1"])
+    OmegaConf.save(loaded, tmp_path / "config.yaml")
+    tree = read_config_tree(tmp_path / "config.yaml", "rerun it")
+    assert tree == OmegaConf.to_container(OmegaConf.load(tmp_path / "config.yaml"))
+    assert tree["optim"]["lr"] == 3e-5 and tree["optim"]["eps"] == 1e-12
+    older = {**tree, "optim": {k: v for k, v in tree["optim"].items() if k != "eps"},
+             "train": {k: v for k, v in tree["train"].items() if k != "clip"}}
+    older.pop("run")
+    assert with_defaults(older) == OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Config), older))
+    assert with_defaults(older)["train"]["clip"] == Config().train.clip

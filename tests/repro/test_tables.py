@@ -40,8 +40,7 @@ def run(label, seed, losses, method=None, sweep=None, angles=None, config=None, 
     rec = {"final_val_loss": losses[-1], "final_val_ppl": math.exp(losses[-1]), "initial_val_loss": losses[0],
            "steps": steps[-1], "git_commit": "abc", "bytes_per_step/total": 1e6, "comm/training_collectives": 8.0,
            **record}
-    return RunResult(label, method or label, sweep, seed, f"{label}-s{seed}", rec, OmegaConf.create(config or CONFIG),
-                     metrics)
+    return RunResult(label, method or label, sweep, seed, f"{label}-s{seed}", rec, config or CONFIG, metrics)
 
 
 def test_summary_means_sample_stds_seeds_runs_and_commits():
@@ -221,7 +220,8 @@ def test_accounted_run_takes_the_rank_its_optimizer_options_declare(sync, optim,
 
 def test_analytic_bytes_of_a_self_synchronizing_run_are_dions_factors():
     cfg = config_of({"name": "optimizer_sync"}, {"name": "orth_dion", "rank_fraction": 0.5})
-    result = RunResult("orth_dion", "orth_dion", None, 0, "orth_dion-s0", {"steps": 8}, cfg, pd.DataFrame())
+    result = RunResult("orth_dion", "orth_dion", None, 0, "orth_dion-s0", {"steps": 8},
+                       OmegaConf.to_container(cfg), pd.DataFrame())
     expected = analytic_bytes_per_step({"name": "optimizer_sync", "rank_fraction": 0.5}, model_shapes("smoke"), 2,
                                        steps=8)
     assert set(expected) == {"factor", "gradient"}

@@ -70,7 +70,7 @@ from lowcomm.repro.tables import (
     table_of_rows,
 )
 from lowcomm.repro.tuning import horizon_of, tuned_overrides, tuned_path
-from lowcomm.stored import RERUN, StoredFileError, counting_skipped, read_config, readable, skip
+from lowcomm.stored import RERUN, StoredFileError, counting_skipped, read_config_tree, readable, skip
 from lowcomm.training.run_dir import git_commit, read_record
 from lowcomm.training.command import RunEnded
 from lowcomm.training.train import train
@@ -187,7 +187,7 @@ def comparable(tree: dict) -> dict:
 
 def stored_comparable(run_dir: Path) -> dict:
     """The run's stored config.yaml, on the schema's defaults, as a `comparable` tree."""
-    return comparable(with_defaults(read_config(run_dir / "config.yaml", RERUN)))
+    return comparable(with_defaults(read_config_tree(run_dir / "config.yaml", RERUN)))
 
 
 def stored_config_difference(run_dir: Path, cfg: DictConfig) -> str | None:

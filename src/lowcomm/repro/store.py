@@ -11,15 +11,16 @@ read follow the rule of lowcomm.stored.
 
 from __future__ import annotations
 
+import functools
 import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from lowcomm.stored import RERUN, StoredFileError, read_config, readable, reading
+from lowcomm.stored import RERUN, StoredFileError, read_config_tree, readable, reading
 from lowcomm.training.run_dir import read_record
 
 RESULTS = Path("results")
@@ -47,15 +48,17 @@ def read_table(path: Path, fix: str) -> pd.DataFrame:
     return table
 
 
-def read_run_files(run_dir: Path) -> tuple[dict, DictConfig, pd.DataFrame]:
-    """A stored run's record.json, config.yaml and metrics.csv; a StoredFileError when one cannot be read."""
-    return read_record(run_dir), read_config(run_dir / "config.yaml", RERUN), read_table(run_dir / "metrics.csv", RERUN)
+def read_run_files(run_dir: Path) -> tuple[dict, dict, pd.DataFrame]:
+    """A stored run's record.json, config.yaml (as plain containers) and metrics.csv; a StoredFileError when one
+    cannot be read."""
+    return (read_record(run_dir), read_config_tree(run_dir / "config.yaml", RERUN),
+            read_table(run_dir / "metrics.csv", RERUN))
 
 
 @dataclass
 class RunResult:
     """One finished run: its place in the grid (label, method, sweep value, seed, name), its record, its resolved
-    config and its metrics.csv."""
+    config (as stored: plain containers) and its metrics.csv."""
 
     label: str
     method: str
@@ -63,8 +66,13 @@ class RunResult:
     seed: int
     name: str
     record: dict
-    config: DictConfig
+    config_tree: dict
     metrics: pd.DataFrame
+
+    @functools.cached_property
+    def config(self) -> DictConfig:
+        """The resolved config as a DictConfig, built on first use: building it costs more than reading the file."""
+        return OmegaConf.create(self.config_tree)
 
     @classmethod
     def read(cls, label: str, method: str, sweep_value: Any, seed: int, run_dir: Path) -> "RunResult":
