@@ -58,7 +58,7 @@ def test_its_tree_writes_the_yaml_of_the_loaded_config():
 
 def test_a_stored_config_reads_back_as_omegaconf_reads_it_and_takes_the_schemas_defaults(tmp_path):
     """read_config_tree against OmegaConf.load, and with_defaults against a merge onto the schema, on the config of
-    a run with small, large and whole floats, lists and nulls, and with keys taken out of three sections."""
+    a run with small and whole floats, lists and nulls, and with keys taken out of three sections."""
     loaded = load_config(None, LORDO + ["optim.lr=3e-5", "optim.betas=[0.9,0.99]", "train.steps=4", "optim.eps=1e-12",
                                         "run.loggers=[csv,tensorboard]", "train.clip=1"])
     OmegaConf.save(loaded, tmp_path / "config.yaml")
