@@ -204,18 +204,17 @@ def _schema_tree() -> dict:
 
 
 def _on_defaults(defaults: dict, tree: dict) -> dict:
-    """`tree` with every key it lacks taken from `defaults`, section by section."""
-    merged = copy.deepcopy(defaults)
+    """`defaults`, changed in place, with every value of `tree` set over it, section by section."""
     for key, value in tree.items():
-        both_sections = isinstance(value, dict) and isinstance(merged.get(key), dict)
-        merged[key] = _on_defaults(merged[key], value) if both_sections else value
-    return merged
+        both_sections = isinstance(value, dict) and isinstance(defaults.get(key), dict)
+        defaults[key] = _on_defaults(defaults[key], value) if both_sections else value
+    return defaults
 
 
 def with_defaults(stored: dict) -> dict:
     """A stored run config (plain containers) on the schema: a key the run's config lacks (added to the schema after
     the run) takes its default, which is the behaviour the run had."""
-    return _on_defaults(_schema_tree(), stored)
+    return _on_defaults(copy.deepcopy(_schema_tree()), stored)
 
 
 @functools.cache
