@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import io
 from dataclasses import dataclass, field
 from importlib.resources import as_file
 from pathlib import Path
@@ -152,10 +153,11 @@ def _merge(base: DictConfig, update: DictConfig | dict, origin: str) -> DictConf
         raise ConfigError(f"{origin}: bad value for {err.full_key!r}: {err.msg.splitlines()[0]}") from None
 
 
-def load_yaml(path: str | Path) -> DictConfig:
-    """A YAML mapping; a syntax error names the file, line and column."""
+def load_yaml(path: str | Path, text: str | None = None) -> DictConfig:
+    """The YAML mapping in the file at `path` (or in `text`, read from it); a syntax error names the file, line and
+    column."""
     try:
-        cfg = OmegaConf.load(path)
+        cfg = OmegaConf.load(path if text is None else io.StringIO(text))
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         raise ConfigError(f"{path}:{mark.line + 1}:{mark.column + 1}: {err.problem}: fix the YAML there") from None
@@ -221,7 +223,7 @@ def with_defaults(stored: dict) -> dict:
 def _file_layer(path: str | Path, text: str) -> DictConfig:
     """The config file at `path`, parsed once per process and content of the file: a layer load_config only reads
     and merges from (OmegaConf.merge copies it), never changes."""
-    return load_yaml(path)
+    return load_yaml(path, text)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
