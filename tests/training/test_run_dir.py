@@ -2,6 +2,7 @@
 
 import errno
 import json
+import platform
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
@@ -153,3 +154,12 @@ def test_a_package_imported_from_its_checkout_records_the_checkout_and_its_commi
     assert source["lowcomm_version"] == version("lowcomm")
     assert source["lowcomm_location"] == "src/lowcomm"  # relative: a stored record names no machine's path
     assert source["git_commit"].removesuffix("-dirty") == head
+
+
+def test_a_cpu_record_names_the_cpu_model_from_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\n"
+                       "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\n")
+    assert results.cpu_model(cpuinfo) == "Intel(R) Xeon(R) Platinum 8481C"
+    assert results.cpu_model(tmp_path / "absent") == (platform.processor() or platform.machine())
+    assert results.environment("cpu")["device"] == results.cpu_model()

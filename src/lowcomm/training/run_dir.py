@@ -117,9 +117,21 @@ def code_source() -> dict:
     }
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name: cpuinfo's first `model name` line where the file has one (Linux), else what `platform`
+    says of the processor (its architecture where it says nothing)."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        lines = []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name") and ":" in line]
+    return names[0] if names and names[0] else platform.processor() or platform.machine()
+
+
 def environment(accelerator: str) -> dict:
-    """The run record's provenance: the code (code_source), library versions, the machine and its device."""
-    device = torch.cuda.get_device_name(0) if accelerator == "gpu" and torch.cuda.is_available() else platform.processor() or platform.machine()
+    """The run record's provenance: the code (code_source), library versions, the machine and its device (the GPU's
+    name, else the CPU's model)."""
+    device = torch.cuda.get_device_name(0) if accelerator == "gpu" and torch.cuda.is_available() else cpu_model()
     return {
         **code_source(),
         "torch": torch.__version__,
