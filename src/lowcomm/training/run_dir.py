@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 
 import lowcomm
 from lowcomm.config import ConfigError, RunConfig
+from lowcomm.optim.muon import native_bfloat16
 from lowcomm.paths import ROOT
 from lowcomm.stored import RERUN, StoredFileError, read_json
 
@@ -130,7 +131,7 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def environment(accelerator: str) -> dict:
     """The run record's provenance: the code (code_source), library versions, the machine and its device (the GPU's
-    name, else the CPU's model)."""
+    name, else the CPU's model), and whether the CPU multiplies bfloat16 natively (what Muon's ns_matmul=auto reads)."""
     device = torch.cuda.get_device_name(0) if accelerator == "gpu" and torch.cuda.is_available() else cpu_model()
     return {
         **code_source(),
@@ -139,6 +140,7 @@ def environment(accelerator: str) -> dict:
         "platform": platform.platform(),
         "device": device,
         "cpu_count": os.cpu_count(),
+        "cpu_native_bfloat16": native_bfloat16(),
     }
 
 
