@@ -47,6 +47,7 @@ bench: install
 	$(PY) benchmarks/bench_lordo_sync.py
 	$(PY) benchmarks/bench_optimizers.py
 	$(PY) benchmarks/bench_lowrank_adam.py
+	$(PY) benchmarks/bench_newton_schulz.py
 	$(PY) benchmarks/bench_dion.py
 	$(PY) benchmarks/summary.py
 
