@@ -37,8 +37,11 @@ def ns_dtype_on(choice: str, device: torch.device) -> torch.dtype:
 
 def native_bfloat16() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (oneDNN's bfloat16 kernels: AVX-512 or AMX on x86);
-    elsewhere torch's bfloat16 matmul falls back to a scalar loop."""
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    elsewhere torch's bfloat16 matmul falls back to a scalar loop. False where torch was built without oneDNN."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def ns_matmul_on(choice: str, dtype: torch.dtype, device: torch.device) -> str:
