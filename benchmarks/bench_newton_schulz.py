@@ -9,11 +9,10 @@ by default. Writes results/bench/newton_schulz.csv.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
-from common import machine, median, write_csv
+from common import machine, median, timing_arguments, write_csv
 
 from lowcomm.model import Transformer, model_config
 from lowcomm.optim.muon import NS_COEFFICIENTS, NS_EPS, native_bfloat16, newton_schulz
@@ -33,12 +32,7 @@ def layer_matrices(size: str) -> list[torch.Tensor]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    args = timing_arguments(__doc__.splitlines()[0])
     rows = []
     for size in SIZES:
         matrices = layer_matrices(size)

@@ -13,11 +13,10 @@ W -= Q x; 6 p q r FLOPs per matrix), alone, as a floor for its ratio. Writes res
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
-from common import machine, median, write_csv
+from common import machine, median, timing_arguments, write_csv
 from torch import nn
 
 from lowcomm.model import Transformer, model_config
@@ -66,12 +65,7 @@ class ProjectionFloor:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    args = timing_arguments(__doc__.splitlines()[0])
     rows = []
     for size in SIZES:
         matrices = Matrices(size)

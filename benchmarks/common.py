@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import platform
@@ -25,6 +26,17 @@ def cpu_model() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def timing_arguments(description: str) -> argparse.Namespace:
+    """A step benchmark's options, parsed: --repeats (medians over them), --warmup, --threads (torch is set to it)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
 
 
 def machine(threads: int) -> dict:
