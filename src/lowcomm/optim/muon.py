@@ -12,6 +12,7 @@ synchronize itself: use it with an ordinary gradient all-reduce.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -35,9 +36,11 @@ def ns_dtype_on(choice: str, device: torch.device) -> torch.dtype:
     return NS_DTYPES[choice]
 
 
+@functools.cache
 def native_bfloat16() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (oneDNN's bfloat16 kernels: AVX-512 or AMX on x86);
-    elsewhere torch's bfloat16 matmul falls back to a scalar loop. False where torch was built without oneDNN."""
+    elsewhere torch's bfloat16 matmul falls back to a scalar loop. False where torch was built without oneDNN. Asked
+    once per process (each Muon step reads it)."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
