@@ -362,11 +362,18 @@ def setting_text(key: str, value) -> str:
     return f"{key.rsplit('.', 1)[-1]} {value:g}" if isinstance(value, float) else f"{key.rsplit('.', 1)[-1]} {value}"
 
 
+def ticks_at_values(ax, values: pd.Series) -> None:
+    """The x axis ticked at each distinct value, written shortest (1e-02 as 0.01), without minor ticks."""
+    ticks = sorted(values.unique())
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+
+
 def draw_choice(fig, stored: StoredPreset, params: TableSpec) -> None:
     """A `choice` table's grid: final validation loss (mean and min-max over the tuning seeds) against its first
     setting (on a log axis where it spans a factor above 3, as lrs do), one line per group (e.g. optimizer and worker
     count) and value of its second setting, or without groups one line per value of the other settings; the winner
-    of each group starred."""
+    of each group starred, the grid's values on the axis; the legend right of the axes."""
     settings, group = list(params["settings"]), list(params.get("group", []))
     table = stored.table()
     lines = group or settings[1:]
@@ -382,7 +389,9 @@ def draw_choice(fig, stored: StoredPreset, params: TableSpec) -> None:
     spans = pd.api.types.is_numeric_dtype(x) and x.min() > 0 and x.max() > 3 * x.min()
     ax.set(xscale="log" if spans else "linear", xlabel=settings[0],
            ylabel="final validation loss (nats)", title="mean over the tuning seeds")
-    ax.legend(fontsize=7)
+    if spans:
+        ticks_at_values(ax, x)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
 
 
 def draw_gap(fig, stored: StoredPreset, params: TableSpec) -> None:
@@ -401,11 +410,9 @@ def draw_gap(fig, stored: StoredPreset, params: TableSpec) -> None:
         ax.scatter(paper[x], paper["paper_gap_pct"], marker="x", s=60, color=palette[base],
                    label=f"the paper, against {base}")
     ax.axhline(0, color="k", lw=0.8)
-    ticks = sorted(table[x].unique())
     if pd.api.types.is_numeric_dtype(table[x]) and table[x].min() > 0:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-        ax.minorticks_off()
+        ticks_at_values(ax, table[x])
     ax.set(xlabel=x, ylabel="gap to the baseline (% of its loss)", title="paired seeds, 95 % interval")
     ax.legend(fontsize=7)
 
@@ -437,7 +444,7 @@ FIGURE_KINDS: dict[str, FigureKind] = {
     "gap_by_horizon": FigureKind(draw_horizon, (12, 4.5), uses_table=True),
     "stability": FigureKind(draw_stability, (16, 4.5), uses_table=True),
     "balance": FigureKind(draw_balance, (16, 4.5)),
-    "choice": FigureKind(draw_choice, (7, 4.5), uses_table=True),
+    "choice": FigureKind(draw_choice, (9, 4.5), uses_table=True),
     "gap": FigureKind(draw_gap, (7, 4.5), uses_table=True),
 }
 
@@ -454,7 +461,8 @@ def draw(stored: StoredPreset, spec: ExperimentSpec) -> Path:
     for ax in fig.axes:
         if isinstance(ax.yaxis.get_major_formatter(), matplotlib.ticker.ScalarFormatter):
             ax.yaxis.get_major_formatter().set_useOffset(False)  # absolute values on the axis, no "+5.372"
-        if ax.get_legend() is not None:
+        legend = ax.get_legend()
+        if legend is not None and legend.get_bbox_to_anchor() is ax.bbox:  # one placed outside the axes stays there
             sns.move_legend(ax, "best", fontsize=7, title=None)
     fig.suptitle(f"{stored.experiment} ({stored.preset} preset)")
     fig.tight_layout()
